@@ -1,0 +1,84 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// normalizeArgs lets flags follow positional arguments, as in
+// `vmfork boot g --memory 1G`. urfave/cli v2 stops parsing flags at a
+// command's first positional argument, so this moves the command's flags
+// (with their values) in front of its positionals and puts the positionals
+// behind "--". Everything after a "--" the user typed stays positional
+// (`vmfork exec g -- ls -l`), and that "--" is dropped.
+func normalizeArgs(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	out := []string{args[0]}
+	i := 1
+	// Global flags up to the command name.
+	for ; i < len(args); i++ {
+		t := args[i]
+		if !isFlag(t) {
+			break
+		}
+		out = append(out, t)
+		if takesValue(app.Flags, t) && i+1 < len(args) {
+			i++
+			out = append(out, args[i])
+		}
+	}
+	if i >= len(args) {
+		return out
+	}
+	cmd := app.Command(args[i])
+	out = append(out, args[i])
+	rest := args[i+1:]
+	if cmd == nil || len(cmd.Subcommands) > 0 {
+		return append(out, rest...)
+	}
+	var flags, pos []string
+	for j := 0; j < len(rest); j++ {
+		t := rest[j]
+		switch {
+		case t == "--":
+			pos = append(pos, rest[j+1:]...)
+			j = len(rest)
+		case isFlag(t):
+			flags = append(flags, t)
+			if takesValue(cmd.Flags, t) && j+1 < len(rest) {
+				j++
+				flags = append(flags, rest[j])
+			}
+		default:
+			pos = append(pos, t)
+		}
+	}
+	out = append(out, flags...)
+	if len(pos) > 0 {
+		out = append(append(out, "--"), pos...)
+	}
+	return out
+}
+
+func isFlag(t string) bool { return len(t) > 1 && strings.HasPrefix(t, "-") && t != "--" }
+
+// takesValue reports whether flag token t (without "=value") names a flag
+// that takes a value. Unknown flags are left for urfave to report.
+func takesValue(flags []cli.Flag, t string) bool {
+	if strings.Contains(t, "=") {
+		return false
+	}
+	name := strings.TrimLeft(t, "-")
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				_, isBool := f.(*cli.BoolFlag)
+				return !isBool
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+)
+
+var bootCommand = &cli.Command{
+	Name:      "boot",
+	Usage:     "create a machine and boot it; returns once its guest agent answers",
+	ArgsUsage: "NAME",
+	Description: `Boots a new machine from a kernel (with --initrd and --append) or a disk
+image, or both. A --disk image is never written: the machine writes to a
+qcow2 overlay on it in its own directory. Guest RAM is a file in the mem dir,
+so the machine can be forked later. The guest must run qemu-guest-agent on
+the virtio-serial port org.qemu.guest_agent.0.
+
+   vmfork boot web --kernel /srv/vmlinuz --initrd /srv/initrd.gz --memory 512M
+   vmfork boot db --disk /srv/debian.qcow2 --cpus 2 --port 2222:22`,
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "kernel", Usage: "kernel image to boot directly"},
+		&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk for --kernel"},
+		&cli.StringFlag{Name: "append", Usage: "kernel command line for --kernel", Value: "console=ttyS0 quiet panic=-1"},
+		&cli.StringFlag{Name: "disk", Usage: "base disk image (qcow2 or raw); attached as virtio disk, never written"},
+		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM, e.g. 512M or 2G", Value: "512M"},
+		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
+		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
+		jsonFlag,
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{fmt.Errorf("boot takes exactly one machine name, got %d arguments", cliCtx.NArg())}
+		}
+		spec, err := bootSpec(cliCtx)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		m, err := mg.Boot(ctx, cliCtx.Args().First(), spec)
+		if err != nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(viewOf(m))
+		}
+		fmt.Printf("%s running (pid %d)\n", m.Name, m.PID)
+		return nil
+	},
+}
+
+func bootSpec(cliCtx *cli.Context) (vmfork.Spec, error) {
+	mem, err := vmfork.ParseMemory(cliCtx.String("memory"))
+	if err != nil {
+		return vmfork.Spec{}, fmt.Errorf("--memory: %w", err)
+	}
+	spec := vmfork.Spec{
+		Kernel:    absPath(cliCtx.String("kernel")),
+		Initrd:    absPath(cliCtx.String("initrd")),
+		Disk:      absPath(cliCtx.String("disk")),
+		MemoryMiB: mem,
+		CPUs:      cliCtx.Int("cpus"),
+	}
+	if spec.Kernel != "" {
+		spec.Append = cliCtx.String("append")
+	}
+	for _, p := range cliCtx.StringSlice("port") {
+		pf, err := vmfork.ParsePortForward(p)
+		if err != nil {
+			return spec, fmt.Errorf("--port: %w", err)
+		}
+		spec.Ports = append(spec.Ports, pf)
+	}
+	return spec, nil
+}
+
+func absPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}

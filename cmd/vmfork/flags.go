@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qemudrv"
+)
+
+var globalFlags = []cli.Flag{
+	&cli.StringFlag{
+		Name:    "state-dir",
+		Usage:   "directory for machine records, disks, sockets and logs",
+		Value:   vmfork.DefaultStateDir(),
+		EnvVars: []string{"VMFORK_STATE_DIR"},
+	},
+	&cli.StringFlag{
+		Name:    "mem-dir",
+		Usage:   "directory for guest RAM files; must be a tmpfs",
+		Value:   vmfork.DefaultMemDir,
+		EnvVars: []string{"VMFORK_MEM_DIR"},
+	},
+	&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print errors only on stderr"},
+	&cli.StringFlag{
+		Name:    "log-level",
+		Usage:   "debug, info, warn or error",
+		Value:   "info",
+		EnvVars: []string{"VMFORK_LOG_LEVEL"},
+	},
+	&cli.DurationFlag{
+		Name:    "timeout",
+		Usage:   "give up on the whole command after this long (0: no limit)",
+		EnvVars: []string{"VMFORK_TIMEOUT"},
+	},
+}
+
+var jsonFlag = &cli.BoolFlag{Name: "json", Usage: "print the result as JSON on stdout"}
+
+func setupLogging(cliCtx *cli.Context) error {
+	logrus.SetOutput(os.Stderr)
+	logrus.SetFormatter(&logrus.TextFormatter{DisableTimestamp: true})
+	level, err := logrus.ParseLevel(cliCtx.String("log-level"))
+	if err != nil {
+		return usageError{fmt.Errorf("--log-level: %w", err)}
+	}
+	if cliCtx.Bool("quiet") {
+		level = logrus.ErrorLevel
+	}
+	logrus.SetLevel(level)
+	return nil
+}
+
+// appContext derives the command's context once, applying --timeout.
+func appContext(cliCtx *cli.Context) (context.Context, context.CancelFunc) {
+	if d := cliCtx.Duration("timeout"); d > 0 {
+		return context.WithTimeout(cliCtx.Context, d)
+	}
+	return context.WithCancel(cliCtx.Context)
+}
+
+// newManager opens the store and wires the embedded QEMU driver.
+func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
+	store, err := vmfork.OpenStore(cliCtx.String("state-dir"), cliCtx.String("mem-dir"))
+	if err != nil {
+		return nil, err
+	}
+	log := logrus.NewEntry(logrus.StandardLogger())
+	return vmfork.NewManager(store, qemudrv.New(log), log), nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// machineView is a machine as `ls` and `boot` print it. Its JSON form is a
+// contract with scripts and the Ansible modules: change it only by adding.
+type machineView struct {
+	Name      string               `json:"name"`
+	State     vmfork.State         `json:"state"`
+	Driver    string               `json:"driver"`
+	PID       int                  `json:"pid,omitempty"`
+	MemoryMiB int                  `json:"memory_mib"`
+	CPUs      int                  `json:"cpus"`
+	Accel     string               `json:"accel,omitempty"`
+	MAC       string               `json:"mac,omitempty"`
+	Ports     []vmfork.PortForward `json:"ports"`
+	Parent    string               `json:"parent,omitempty"`
+	Template  string               `json:"template,omitempty"`
+	QMP       string               `json:"qmp_socket"`
+	QGA       string               `json:"qga_socket"`
+	Serial    string               `json:"serial_log"`
+	Disk      string               `json:"disk,omitempty"`
+	RAM       string               `json:"ram_file"`
+	Created   time.Time            `json:"created"`
+}
+
+func viewOf(m *vmfork.Machine) machineView {
+	v := machineView{
+		Name: m.Name, State: m.State, Driver: m.Driver, PID: m.PID,
+		MemoryMiB: m.Spec.MemoryMiB, CPUs: m.Spec.CPUs, Accel: m.Accel, MAC: m.Spec.MAC,
+		Ports: m.Spec.Ports, Parent: m.Parent, Template: m.Template,
+		QMP: m.Paths.QMP, QGA: m.Paths.QGA, Serial: m.Paths.Serial, RAM: m.Paths.RAM,
+		Created: m.Created,
+	}
+	if v.Ports == nil {
+		v.Ports = []vmfork.PortForward{}
+	}
+	if m.Spec.Disk != "" {
+		v.Disk = m.Paths.Disk
+	}
+	return v
+}

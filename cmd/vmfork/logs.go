@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+var logsCommand = &cli.Command{
+	Name:      "logs",
+	Usage:     "print a machine's serial console log",
+	ArgsUsage: "NAME",
+	Description: `Prints what the guest wrote to its serial console (ttyS0). With --qemu, prints
+QEMU's own log instead: its command line and its error messages.`,
+	Flags: []cli.Flag{
+		&cli.BoolFlag{Name: "qemu", Usage: "print QEMU's log instead of the guest console"},
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{fmt.Errorf("logs takes exactly one machine name")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		m, err := mg.Get(ctx, cliCtx.Args().First())
+		if err != nil {
+			return fmt.Errorf("logs: %w", err)
+		}
+		path := m.Paths.Serial
+		if cliCtx.Bool("qemu") {
+			path = m.Paths.Log
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("logs %q: %w", m.Name, err)
+		}
+		defer f.Close()
+		_, err = io.Copy(os.Stdout, f)
+		return err
+	},
+}

@@ -1,0 +1,107 @@
+// Command vmfork forks running QEMU/KVM virtual machines.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+)
+
+// Exit codes. Scripts branch on these; list them in --help.
+const (
+	exitFailure  = 1
+	exitUsage    = 2
+	exitPartial  = 3
+	exitNotFound = 4
+)
+
+const exitCodesHelp = `EXIT CODES:
+   0  success
+   1  failure
+   2  bad input (usage, invalid name or value); nothing was changed
+   3  partial success (a fork where only some children came up)
+   4  no such machine or template
+   exec exits with the guest command's own exit code.`
+
+// exitError carries an exit code chosen by a command (exec passes the guest
+// command's code through).
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit code %d", e.code) }
+
+// usageError marks a command-line mistake.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	app := newApp()
+	err := app.RunContext(ctx, normalizeArgs(app, os.Args))
+	stop()
+	os.Exit(exitCode(err))
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	fmt.Fprintf(os.Stderr, "vmfork: %v\n", err)
+	var ue usageError
+	switch {
+	case errors.As(err, &ue), errors.Is(err, vmfork.ErrInvalid), errors.Is(err, vmfork.ErrExists):
+		return exitUsage
+	case errors.Is(err, vmfork.ErrPartial):
+		return exitPartial
+	case errors.Is(err, vmfork.ErrNotFound):
+		return exitNotFound
+	}
+	return exitFailure
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:  "vmfork",
+		Usage: "fork(2) for full QEMU/KVM virtual machines",
+		Description: `vmfork boots a VM once and then forks it: one call turns a running VM into
+N running VMs that continue from the same instant, sharing memory and disk
+copy-on-write.
+
+   vmfork boot web --kernel vmlinuz --initrd initrd.gz --disk data.qcow2
+   vmfork exec web -- uname -r
+   vmfork ls
+   vmfork rm web
+
+QEMU processes outlive the command that started them. State lives in the
+state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
+(a tmpfs). Progress and logs go to stderr; with --json, stdout holds only JSON.`,
+		CustomAppHelpTemplate: cli.AppHelpTemplate + "\n" + exitCodesHelp + "\n",
+		Flags:                 globalFlags,
+		Before:                setupLogging,
+		Commands: []*cli.Command{
+			bootCommand,
+			forkCommand,
+			lsCommand,
+			execCommand,
+			stopCommand,
+			rmCommand,
+			logsCommand,
+		},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
+		ExitErrHandler: func(*cli.Context, error) {
+			// main maps errors to exit codes; urfave must not exit itself.
+		},
+	}
+}

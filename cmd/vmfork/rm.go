@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+)
+
+var rmCommand = &cli.Command{
+	Name:      "rm",
+	Aliases:   []string{"remove"},
+	Usage:     "kill machines and delete them with all their files",
+	ArgsUsage: "NAME...",
+	Description: `Kills each machine's QEMU if it runs (its disk is deleted too, so there is
+nothing to shut down cleanly) and deletes its record, disk overlay, sockets,
+logs and RAM file. A template whose last child goes is removed as well. With
+--force a machine is removed even when its process cannot be stopped.`,
+	Flags: []cli.Flag{
+		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "remove even if the process cannot be stopped"},
+		jsonFlag,
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() == 0 {
+			return usageError{fmt.Errorf("rm needs at least one machine name")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		removed := []string{}
+		for _, name := range cliCtx.Args().Slice() {
+			if err := mg.Remove(ctx, name, cliCtx.Bool("force")); err != nil {
+				return err
+			}
+			removed = append(removed, name)
+			if !cliCtx.Bool("json") {
+				fmt.Printf("%s removed\n", name)
+			}
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(map[string]any{"removed": removed})
+		}
+		return nil
+	},
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+)
+
+var stopCommand = &cli.Command{
+	Name:      "stop",
+	Usage:     "shut machines down, keeping their disks",
+	ArgsUsage: "NAME...",
+	Description: `Presses the ACPI power button, waits a little for the guest to power off, then
+makes QEMU quit, then kills it. With --force it kills QEMU at once. The
+machine's record and disk stay; its RAM file is released.`,
+	Flags: []cli.Flag{
+		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "kill QEMU at once"},
+		jsonFlag,
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() == 0 {
+			return usageError{fmt.Errorf("stop needs at least one machine name")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		var views []machineView
+		for _, name := range cliCtx.Args().Slice() {
+			m, err := mg.Stop(ctx, name, cliCtx.Bool("force"))
+			if err != nil {
+				return err
+			}
+			views = append(views, viewOf(m))
+			if !cliCtx.Bool("json") {
+				fmt.Printf("%s stopped\n", name)
+			}
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(views)
+		}
+		return nil
+	},
+}

@@ -1,0 +1,26 @@
+// Package vmfork is fork(2) for full QEMU/KVM virtual machines.
+//
+// The model has one primitive, fork, and a few nouns:
+//
+//   - A machine is a running or stopped VM that vmfork manages. Its record
+//     (machine.json), disk overlay, sockets and logs live in
+//     <state-dir>/machines/<name>/, and its guest RAM lives in a file on tmpfs,
+//     <mem-dir>/<name>.ram, mapped share=on so that the RAM can be frozen
+//     without copying it through QEMU.
+//   - A parent (source) is the machine a fork was taken from.
+//   - A template is a frozen fork point: the parent's device state, its disk
+//     image as it was at the fork (read-only from then on) and a frozen copy of
+//     its RAM (<mem-dir>/<template>.ram), which is never written again.
+//   - A child is a machine started from a template: its disk is a qcow2 overlay
+//     on the template's frozen disk, and its RAM maps the template's RAM file
+//     share=off, so it costs only the pages it changes.
+//
+// QEMU processes outlive the CLI: a machine keeps running after the command
+// that booted it returns, and later commands find it through its record, its
+// PID and its QMP and guest-agent sockets.
+//
+// The Manager holds the verbs (Boot, List, Exec, Stop, Remove, Fork). It keeps
+// the state store consistent and leaves the hypervisor work to a Driver:
+// qemudrv, the embedded default, or libvirtdrv. Drivers are wired in
+// explicitly by cmd/vmfork; this package never imports one.
+package vmfork

@@ -1,0 +1,22 @@
+package vmfork
+
+// File and directory names in the state and mem dirs. They are defined here
+// only, so every path the store hands out can be checked against them.
+const (
+	dirMachines  = "machines"
+	dirTemplates = "templates"
+	dirJournal   = "journal"
+	dirLocks     = "locks"
+
+	fileMachine  = "machine.json"
+	fileManifest = "manifest.json"
+	fileDisk     = "disk.qcow2"
+	fileQMP      = "qmp.sock"
+	fileQGA      = "qga.sock"
+	fileSerial   = "serial.log"
+	fileQEMULog  = "qemu.log"
+	// FileDevState is a template's saved device state (a QEMU migration
+	// stream without RAM).
+	FileDevState = "devstate"
+	ramSuffix    = ".ram"
+)

@@ -1,0 +1,403 @@
+package vmfork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/overlay"
+)
+
+// Forker is the optional driver capability to fork machines.
+type Forker interface {
+	// Freeze takes a fork point of running machine src into template t:
+	// pause, switch src's disk to a new overlay on t.Paths.Disk (the old top
+	// moves there), save device state to t.Paths.DevState, freeze RAM into
+	// t.Paths.RAM, resume. It fills t.Manifest. On error src runs again,
+	// unless the error says it is still paused.
+	Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error)
+
+	// StartChild starts child from template t (device state and RAM) and
+	// returns once it runs. On error no process of child is left.
+	StartChild(ctx context.Context, child *Machine, t *Template) error
+
+	// Resume resumes m if it is paused; used to repair a source left paused
+	// by an interrupted fork. Idempotent.
+	Resume(ctx context.Context, m *Machine) error
+}
+
+// FreezeResult is what a freeze cost the source.
+type FreezeResult struct {
+	Pause          time.Duration
+	RAMCopiedBytes int64
+}
+
+// DefaultMaxChildren bounds one fork call unless ForkRequest.MaxChildren
+// says otherwise.
+const DefaultMaxChildren = 128
+
+// ForkRequest asks for children of Source. Names, if given, name the
+// children; otherwise Count children are named Prefix-1, Prefix-2, ... (the
+// next free numbers; Prefix defaults to Source).
+type ForkRequest struct {
+	Source      string
+	Names       []string
+	Count       int
+	Prefix      string
+	Parallel    int // children started at once; default 4
+	MaxChildren int // default DefaultMaxChildren
+}
+
+// ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
+type ForkResult struct {
+	Source   string        `json:"source"`
+	Template string        `json:"template"`
+	PauseMS  float64       `json:"pause_ms"`
+	Children []ChildResult `json:"children"`
+	Failed   []ChildError  `json:"failed,omitempty"`
+}
+
+// ChildResult is one child that came up.
+type ChildResult struct {
+	Name  string        `json:"name"`
+	PID   int           `json:"pid"`
+	State State         `json:"state"`
+	Ports []PortForward `json:"ports"`
+	// RunningMS is from the start of the child's creation until its vCPUs
+	// run; ReadyMS until its guest agent answers.
+	RunningMS float64 `json:"running_ms"`
+	ReadyMS   float64 `json:"ready_ms"`
+}
+
+// ChildError is one child that did not come up.
+type ChildError struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
+}
+
+// Fork turns Source into N+1 machines. A running source is paused for a
+// fraction of a second and its children continue from that instant; a
+// stopped source has only its disk, so its children boot fresh from it.
+// Everything that can be checked is checked before the source is paused.
+// When some children fail the others stay, and the error wraps ErrPartial.
+func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, error) {
+	if err := ValidateName(req.Source); err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	forker, ok := mg.Driver.(Forker)
+	if !ok {
+		return nil, fmt.Errorf("fork %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
+	}
+	unlock, err := mg.Store.Lock(ctx, req.Source)
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	defer unlock()
+	src, err := mg.Get(ctx, req.Source)
+	if err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
+	if src.Driver != mg.Driver.Name() {
+		return nil, fmt.Errorf("fork %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
+	}
+	if src.State != StateRunning && src.State != StateStopped {
+		return nil, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
+	}
+	names, err := mg.childNames(req)
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	log := mg.Log.WithField("machine", src.Name)
+	// The template directory has no record until the freeze, so nothing
+	// collects it; once it has one, the reserved children protect it.
+	tpl, err := mg.Store.NewTemplate(src.Name)
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
+	}
+	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
+	// The journal entry lives for the whole fork: if this process dies, the
+	// next command resumes the source and removes children never finished.
+	done, err := mg.Store.journal(journalEntry{Op: "fork", Source: src.Name, Template: tpl.ID, Machines: names})
+	if err != nil {
+		mg.Store.RemoveTemplate(tpl.ID)
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	children, err := mg.reserve(src, tpl, names)
+	if err != nil {
+		done()
+		mg.Store.RemoveTemplate(tpl.ID)
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	live := src.State == StateRunning
+	if live {
+		err = mg.freezeRunning(ctx, forker, src, tpl)
+	} else {
+		err = mg.freezeStopped(ctx, src, tpl)
+	}
+	if err != nil {
+		mg.release(children)
+		if !errors.Is(err, ErrStillPaused) {
+			done() // else keep the evidence: the next command retries the resume
+		}
+		mg.collectTemplates(ctx)
+		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
+	}
+	log.WithFields(logrus.Fields{"template": tpl.ID, "pause_ms": tpl.PauseMS}).Info("source frozen")
+
+	res := &ForkResult{Source: src.Name, Template: tpl.ID, PauseMS: tpl.PauseMS, Children: []ChildResult{}}
+	results := mg.startChildren(ctx, forker, tpl, children, live, req.Parallel)
+	done()
+	for i, r := range results {
+		if r.err != nil {
+			res.Failed = append(res.Failed, ChildError{Name: children[i].Name, Error: r.err.Error()})
+			continue
+		}
+		res.Children = append(res.Children, r.ChildResult)
+	}
+	mg.collectTemplates(ctx)
+	switch {
+	case len(res.Failed) == 0:
+		return res, nil
+	case len(res.Children) == 0:
+		return res, fmt.Errorf("fork %q: no child came up: %s", src.Name, failedSummary(res.Failed))
+	default:
+		return res, fmt.Errorf("fork %q: %d of %d children came up; failed: %s: %w",
+			src.Name, len(res.Children), len(children), failedSummary(res.Failed), ErrPartial)
+	}
+}
+
+func failedSummary(fs []ChildError) string {
+	var b strings.Builder
+	for i, f := range fs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s: %s", f.Name, f.Error)
+	}
+	return b.String()
+}
+
+// childNames validates the request and returns the children's names.
+func (mg *Manager) childNames(req ForkRequest) ([]string, error) {
+	max := req.MaxChildren
+	if max <= 0 {
+		max = DefaultMaxChildren
+	}
+	count := req.Count
+	if len(req.Names) > 0 {
+		if count != 0 && count != len(req.Names) {
+			return nil, fmt.Errorf("--count %d does not match the %d names given: %w", count, len(req.Names), ErrInvalid)
+		}
+		count = len(req.Names)
+	}
+	if count < 1 {
+		return nil, fmt.Errorf("child count %d: want at least 1: %w", count, ErrInvalid)
+	}
+	if count > max {
+		return nil, fmt.Errorf("child count %d is over the limit of %d (raise it with --max-children): %w", count, max, ErrInvalid)
+	}
+	if len(req.Names) > 0 {
+		seen := map[string]bool{}
+		for _, n := range req.Names {
+			if err := ValidateName(n); err != nil {
+				return nil, err
+			}
+			if seen[n] || n == req.Source {
+				return nil, fmt.Errorf("child name %q is given twice: %w", n, ErrInvalid)
+			}
+			seen[n] = true
+			if _, err := mg.Store.LoadMachine(n); err == nil {
+				return nil, fmt.Errorf("machine %q: %w", n, ErrExists)
+			}
+		}
+		return req.Names, nil
+	}
+	prefix := req.Prefix
+	if prefix == "" {
+		prefix = req.Source
+	}
+	var names []string
+	for i := 1; len(names) < count; i++ {
+		n := fmt.Sprintf("%s-%d", prefix, i)
+		if err := ValidateName(n); err != nil {
+			return nil, fmt.Errorf("prefix %q: %w", prefix, err)
+		}
+		if _, err := mg.Store.LoadMachine(n); errors.Is(err, ErrNotFound) {
+			names = append(names, n)
+		}
+	}
+	return names, nil
+}
+
+// reserve creates the children's records (state creating), so that no other
+// command takes their names while the fork runs.
+func (mg *Manager) reserve(src *Machine, tpl *Template, names []string) ([]*Machine, error) {
+	var children []*Machine
+	for _, n := range names {
+		c := &Machine{
+			Name: n, Driver: src.Driver, State: StateCreating, Accel: src.Accel,
+			Spec: src.Spec, Paths: mg.Store.MachinePaths(n), Parent: src.Name, Template: tpl.ID,
+			Created: time.Now().UTC(),
+		}
+		// Host ports are backends: each child gets free ones of its own.
+		c.Spec.Ports = make([]PortForward, len(src.Spec.Ports))
+		for i, p := range src.Spec.Ports {
+			c.Spec.Ports[i] = PortForward{Guest: p.Guest}
+		}
+		if err := mg.Store.CreateMachine(c); err != nil {
+			mg.release(children)
+			return nil, err
+		}
+		children = append(children, c)
+	}
+	return children, nil
+}
+
+// release removes reserved children that never started.
+func (mg *Manager) release(children []*Machine) {
+	for _, c := range children {
+		if err := mg.Store.RemoveMachine(c.Name); err != nil {
+			mg.Log.WithField("machine", c.Name).WithError(err).Warn("could not remove reserved child")
+		}
+	}
+}
+
+// freezeRunning freezes a running source.
+func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machine, tpl *Template) error {
+	tpl.HasMemory = false // until the freeze completes
+	if err := mg.Store.SaveTemplate(tpl); err != nil {
+		return err
+	}
+	fr, err := forker.Freeze(ctx, src, tpl)
+	if err != nil {
+		return err
+	}
+	tpl.HasMemory = true
+	tpl.PauseMS = ms(fr.Pause)
+	return mg.Store.SaveTemplate(tpl)
+}
+
+// freezeStopped freezes a stopped source's disk: the disk moves into the
+// template, read-only from now on, and the source gets a new overlay on it,
+// so neither the source nor a child can change what the others see.
+func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Template) error {
+	tpl.Paths.RAM, tpl.Paths.DevState = "", ""
+	if src.Spec.Disk == "" {
+		tpl.Paths.Disk = ""
+		return mg.Store.SaveTemplate(tpl)
+	}
+	chain, err := overlay.Chain(src.Paths.Disk)
+	if err != nil {
+		return err
+	}
+	next := src.Paths.Disk + ".next"
+	if err := overlay.CreateOn(ctx, tpl.Paths.Disk, chain[0].Format, chain[0].VirtualSize, next); err != nil {
+		return err
+	}
+	if err := os.Rename(src.Paths.Disk, tpl.Paths.Disk); err != nil {
+		os.Remove(next)
+		return fmt.Errorf("freeze disk: %w", err)
+	}
+	if err := os.Rename(next, src.Paths.Disk); err != nil {
+		// Put the old top back; the source is unchanged.
+		if rerr := os.Rename(tpl.Paths.Disk, src.Paths.Disk); rerr != nil {
+			return fmt.Errorf("freeze disk: %w; and restoring %s failed: %v", err, src.Paths.Disk, rerr)
+		}
+		return fmt.Errorf("freeze disk: %w", err)
+	}
+	return mg.Store.SaveTemplate(tpl)
+}
+
+type childOutcome struct {
+	ChildResult
+	err error
+}
+
+// startChildren starts the children, at most parallel at once.
+func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Template, children []*Machine, live bool, parallel int) []childOutcome {
+	if parallel <= 0 {
+		parallel = 4
+	}
+	out := make([]childOutcome, len(children))
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for i, c := range children {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i] = mg.startChild(ctx, forker, tpl, c, live)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, live bool) (o childOutcome) {
+	log := mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": tpl.ID})
+	start := time.Now()
+	defer func() {
+		if o.err != nil {
+			log.WithError(o.err).Warn("child failed")
+			if err := mg.Store.RemoveMachine(c.Name); err != nil {
+				log.WithError(err).Warn("could not remove the failed child's files")
+			}
+		}
+	}()
+	if tpl.Paths.Disk != "" {
+		if err := overlay.Create(ctx, tpl.Paths.Disk, c.Paths.Disk); err != nil {
+			return childOutcome{err: err}
+		}
+	}
+	if live {
+		c.Paths.RAM, c.Paths.RAMShared = tpl.Paths.RAM, false
+		if err := mg.Store.SaveMachine(c); err != nil {
+			return childOutcome{err: err}
+		}
+		if err := forker.StartChild(ctx, c, tpl); err != nil {
+			return childOutcome{err: err}
+		}
+	} else if err := mg.Driver.Start(ctx, c); err != nil {
+		return childOutcome{err: err}
+	}
+	running := time.Since(start)
+	c.State = StateRunning
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return childOutcome{err: err}
+	}
+	if live {
+		// A stopped source's children were already waited for by Start.
+		if err := mg.waitAgent(ctx, c); err != nil {
+			mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+			return childOutcome{err: err}
+		}
+	}
+	ready := time.Since(start)
+	log.WithFields(logrus.Fields{"running_ms": ms(running), "ready_ms": ms(ready)}).Info("child ready")
+	return childOutcome{ChildResult: ChildResult{
+		Name: c.Name, PID: c.PID, State: c.State, Ports: c.Spec.Ports,
+		RunningMS: ms(running), ReadyMS: ms(ready),
+	}}
+}
+
+// waitAgent waits until m's guest agent answers a ping.
+func (mg *Manager) waitAgent(ctx context.Context, m *Machine) error {
+	a, err := mg.Driver.Agent(ctx, m)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return a.Ping(ctx)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,174 @@
+package vmfork
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// State is a machine's lifecycle state as recorded in the store.
+type State string
+
+// Machine states.
+const (
+	StateCreating State = "creating" // record made, process not yet confirmed
+	StateRunning  State = "running"
+	StatePaused   State = "paused" // QEMU is up but the guest does not run
+	StateStopped  State = "stopped"
+)
+
+// PortForward forwards a host TCP port to a guest TCP port through QEMU's
+// user-mode network.
+type PortForward struct {
+	Host  int `json:"host"`
+	Guest int `json:"guest"`
+}
+
+func (p PortForward) String() string { return fmt.Sprintf("%d:%d", p.Host, p.Guest) }
+
+// ParsePortForward parses "HOST:GUEST", or "GUEST" for a host port picked at
+// start time (Host is then 0).
+func ParsePortForward(s string) (PortForward, error) {
+	var p PortForward
+	host, guest, ok := strings.Cut(s, ":")
+	if !ok {
+		host, guest = "0", s
+	}
+	var err error
+	if p.Host, err = parsePort(host, true); err != nil {
+		return p, fmt.Errorf("port forward %q: host %w", s, err)
+	}
+	if p.Guest, err = parsePort(guest, false); err != nil {
+		return p, fmt.Errorf("port forward %q: guest %w", s, err)
+	}
+	return p, nil
+}
+
+func parsePort(s string, zeroOK bool) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > 65535 || (n == 0 && !zeroOK) {
+		return 0, fmt.Errorf("port %q must be a number from 1 to 65535: %w", s, ErrInvalid)
+	}
+	return n, nil
+}
+
+// ParseMemory parses a memory size such as "512M", "2G" or "512" (MiB) into
+// MiB.
+func ParseMemory(s string) (int, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	mult := 1
+	switch {
+	case strings.HasSuffix(t, "G"):
+		mult, t = 1024, strings.TrimSuffix(t, "G")
+	case strings.HasSuffix(t, "M"):
+		t = strings.TrimSuffix(t, "M")
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("memory size %q: want a size such as 512M or 2G: %w", s, ErrInvalid)
+	}
+	return n * mult, nil
+}
+
+// Spec is what a machine is made of. Everything in it except Ports is part of
+// the guest-visible configuration that a fork child must reproduce exactly, so
+// drivers fill in the fields they resolve (machine type, CPU model, MAC) when
+// a machine first starts, and children copy them.
+type Spec struct {
+	Kernel string `json:"kernel,omitempty"`
+	Initrd string `json:"initrd,omitempty"`
+	Append string `json:"append,omitempty"`
+	// Disk is the base image. It is never written: the machine writes to a
+	// qcow2 overlay on it in its own directory.
+	Disk      string        `json:"disk,omitempty"`
+	MemoryMiB int           `json:"memory_mib"`
+	CPUs      int           `json:"cpus"`
+	Ports     []PortForward `json:"ports,omitempty"`
+
+	// Resolved by the driver at first start.
+	MachineType string `json:"machine_type,omitempty"` // versioned, e.g. pc-q35-7.2
+	CPUModel    string `json:"cpu_model,omitempty"`
+	MAC         string `json:"mac,omitempty"`
+}
+
+// Limits on a Spec.
+const (
+	MinMemoryMiB = 64
+	MaxCPUs      = 64
+)
+
+// Validate checks a spec before anything is created, so that bad input changes
+// nothing. Files must exist and be readable.
+func (s *Spec) Validate() error {
+	if s.Kernel == "" && s.Disk == "" {
+		return fmt.Errorf("a kernel (--kernel) or a disk image (--disk) is required: %w", ErrInvalid)
+	}
+	if s.Kernel == "" && (s.Initrd != "" || s.Append != "") {
+		return fmt.Errorf("--initrd and --append need --kernel: %w", ErrInvalid)
+	}
+	for _, f := range []struct{ what, path string }{{"kernel", s.Kernel}, {"initrd", s.Initrd}, {"disk image", s.Disk}} {
+		if f.path == "" {
+			continue
+		}
+		if !filepath.IsAbs(f.path) {
+			return fmt.Errorf("%s path %q must be absolute: %w", f.what, f.path, ErrInvalid)
+		}
+		st, err := os.Stat(f.path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s %q does not exist: %w", f.what, f.path, ErrInvalid)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.what, asInvalid(err))
+		}
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("%s %q is not a regular file: %w", f.what, f.path, ErrInvalid)
+		}
+	}
+	if s.MemoryMiB < MinMemoryMiB {
+		return fmt.Errorf("memory %d MiB is below the minimum of %d MiB: %w", s.MemoryMiB, MinMemoryMiB, ErrInvalid)
+	}
+	if s.CPUs < 1 || s.CPUs > MaxCPUs {
+		return fmt.Errorf("cpus %d must be from 1 to %d: %w", s.CPUs, MaxCPUs, ErrInvalid)
+	}
+	seen := map[int]bool{}
+	for _, p := range s.Ports {
+		if p.Host != 0 && seen[p.Host] {
+			return fmt.Errorf("host port %d is forwarded twice: %w", p.Host, ErrInvalid)
+		}
+		seen[p.Host] = true
+	}
+	return nil
+}
+
+// Paths are a machine's files. The store chooses them; drivers use them.
+type Paths struct {
+	Dir    string `json:"dir"`
+	Disk   string `json:"disk"`
+	QMP    string `json:"qmp_socket"`
+	QGA    string `json:"qga_socket"`
+	Serial string `json:"serial_log"`
+	Log    string `json:"qemu_log"`
+	// RAM is the guest RAM file. A booted machine owns it (mapped share=on);
+	// a fork child maps its template's frozen file share=off and owns none.
+	RAM       string `json:"ram_file"`
+	RAMShared bool   `json:"ram_shared"`
+}
+
+// Machine is a machine's record, kept in <state-dir>/machines/<name>/machine.json.
+type Machine struct {
+	Name     string    `json:"name"`
+	Driver   string    `json:"driver"`
+	State    State     `json:"state"`
+	PID      int       `json:"pid,omitempty"`
+	Accel    string    `json:"accel,omitempty"`
+	Spec     Spec      `json:"spec"`
+	Paths    Paths     `json:"paths"`
+	Parent   string    `json:"parent,omitempty"`
+	Template string    `json:"template,omitempty"`
+	Created  time.Time `json:"created"`
+}

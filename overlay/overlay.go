@@ -1,0 +1,157 @@
+package overlay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	qcow2reader "github.com/lima-vm/go-qcow2reader"
+	"github.com/lima-vm/go-qcow2reader/image"
+	"github.com/lima-vm/go-qcow2reader/image/qcow2"
+	"golang.org/x/sys/unix"
+)
+
+// QemuImg is the qemu-img binary to run; tests may point it at a stub.
+var QemuImg = "qemu-img"
+
+// Create makes a qcow2 overlay at path on top of backing. The backing image's
+// format is read from its header, not guessed by QEMU (7.2 refuses an overlay
+// without -F). path must not exist.
+func Create(ctx context.Context, backing, path string) error {
+	format, err := Format(backing)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("create overlay %s: %w", path, os.ErrExist)
+	}
+	return run(ctx, QemuImg, "create", "-q", "-f", "qcow2", "-b", backing, "-F", string(format), path)
+}
+
+// CreateOn makes a qcow2 overlay at path whose backing file is recorded as
+// backing, without opening backing: it may not exist yet, or be held by a
+// running QEMU. A fork uses this to prepare a running machine's next top
+// layer before it pauses the machine. size is the virtual size in bytes.
+func CreateOn(ctx context.Context, backing string, format image.Type, size int64, path string) error {
+	return run(ctx, QemuImg, "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", string(format), path, fmt.Sprint(size))
+}
+
+// Format returns the image format of path ("qcow2", "raw", ...).
+func Format(path string) (image.Type, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("image format: %w", err)
+	}
+	defer f.Close()
+	img, err := qcow2reader.Open(f)
+	if err != nil {
+		return "", fmt.Errorf("image format of %s: %w", path, err)
+	}
+	defer img.Close()
+	return img.Type(), nil
+}
+
+// Layer is one image in a backing chain.
+type Layer struct {
+	Path   string     `json:"path"`
+	Format image.Type `json:"format"`
+	// VirtualSize is the guest-visible size in bytes.
+	VirtualSize int64 `json:"virtual_size_bytes"`
+	// AllocatedBytes is what the file takes on the host file system.
+	AllocatedBytes int64 `json:"allocated_bytes"`
+}
+
+// maxChain bounds a chain walk so a loop of backing files cannot hang us.
+const maxChain = 64
+
+// Chain returns the layers from path (the top) down to the base image.
+func Chain(path string) ([]Layer, error) {
+	var chain []Layer
+	for p := path; p != ""; {
+		if len(chain) == maxChain {
+			return nil, fmt.Errorf("backing chain of %s is longer than %d", path, maxChain)
+		}
+		l, backing, err := inspect(p)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, l)
+		p = backing
+	}
+	return chain, nil
+}
+
+func inspect(path string) (Layer, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Layer{}, "", fmt.Errorf("inspect image: %w", err)
+	}
+	defer f.Close()
+	alloc, err := AllocatedBytes(path)
+	if err != nil {
+		return Layer{}, "", err
+	}
+	// Open the qcow2 header alone: the backing chain is walked here, one
+	// file at a time, so that each layer's own size is reported.
+	q, err := qcow2.Open(f, skipBacking)
+	if errors.Is(err, image.ErrWrongType) {
+		img, err := qcow2reader.Open(f)
+		if err != nil {
+			return Layer{}, "", fmt.Errorf("inspect %s: %w", path, err)
+		}
+		defer img.Close()
+		return Layer{Path: path, Format: img.Type(), VirtualSize: img.Size(), AllocatedBytes: alloc}, "", nil
+	}
+	if err != nil {
+		return Layer{}, "", fmt.Errorf("inspect %s: %w", path, err)
+	}
+	defer q.Close()
+	return Layer{Path: path, Format: q.Type(), VirtualSize: q.Size(), AllocatedBytes: alloc}, q.BackingFileFullPath, nil
+}
+
+// skipBacking stands in for go-qcow2reader's backing-file opener: Chain
+// walks the chain itself, so a layer's backing image is only closed here.
+func skipBacking(ra io.ReaderAt, t image.Type) (image.Image, error) {
+	if c, ok := ra.(io.Closer); ok {
+		c.Close()
+	}
+	return unreadable{t}, nil
+}
+
+// unreadable is a backing image that is never read.
+type unreadable struct{ t image.Type }
+
+func (u unreadable) ReadAt([]byte, int64) (int, error)         { return 0, u.Readable() }
+func (u unreadable) Close() error                              { return nil }
+func (u unreadable) Extent(int64, int64) (image.Extent, error) { return image.Extent{}, u.Readable() }
+func (u unreadable) Type() image.Type                          { return u.t }
+func (u unreadable) Size() int64                               { return -1 }
+func (u unreadable) Readable() error                           { return errors.New("backing image not opened") }
+
+// AllocatedBytes is the space path takes on its file system.
+func AllocatedBytes(path string) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("allocated size of %s: %w", path, err)
+	}
+	return st.Blocks * 512, nil
+}
+
+// run runs a short-lived command and returns an error with its argv and a
+// trimmed stderr when it fails.
+func run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("failed to run %v: stderr=%q: %w", cmd.Args, strings.TrimSpace(stderr.String()), err)
+	}
+	return nil
+}

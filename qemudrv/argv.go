@@ -1,0 +1,135 @@
+package qemudrv
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/vmfork/vmfork"
+)
+
+// Fixed ids of the devices and objects every machine has. Device ids and PCI
+// placement are part of the migration stream's section names, so parents and
+// children must agree on them; backends (sockets, files, ports) may differ.
+const (
+	ramID      = "pc.ram"
+	nicRootID  = "rp1" // the NIC sits on a root port so it can be hot-swapped
+	spareRoot  = "rp2" // a free hot-plug slot (e.g. for a passthrough device)
+	diskNodeID = "fmt0"
+	nicID      = "nic0"
+	netdevID   = "net0"
+	qgaID      = "qga0"
+	serialID   = "serial0"
+	agentPort  = "org.qemu.guest_agent.0"
+)
+
+// Accelerators.
+const (
+	AccelKVM = "kvm"
+	AccelTCG = "tcg"
+)
+
+// ArgvOptions are the per-process choices that are not part of the machine's
+// device configuration.
+type ArgvOptions struct {
+	// Incoming starts QEMU with -incoming defer, to load device state over QMP.
+	Incoming bool
+}
+
+// Argv returns the QEMU arguments (without the binary) for machine m. The
+// record must be complete: Spec.MachineType, Spec.CPUModel, Spec.MAC, Accel
+// and Paths set.
+func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
+	var a []string
+	add := func(s ...string) { a = append(a, s...) }
+	s := m.Spec
+
+	add("-name", "guest="+m.Name)
+	add("-machine", s.MachineType+",memory-backend="+ramID)
+	add("-accel", accelArg(m.Accel))
+	add("-cpu", s.CPUModel, "-smp", fmt.Sprint(s.CPUs), "-m", fmt.Sprintf("%dM", s.MemoryMiB))
+	add("-object", ramObject(m))
+	add("-nodefaults", "-no-user-config", "-display", "none")
+	add("-chardev", "file,id="+serialID+",path="+optPath(m.Paths.Serial), "-serial", "chardev:"+serialID)
+	add("-qmp", "unix:"+optPath(m.Paths.QMP)+",server=on,wait=off")
+	if s.Kernel != "" {
+		add("-kernel", s.Kernel)
+		if s.Initrd != "" {
+			add("-initrd", s.Initrd)
+		}
+		if s.Append != "" {
+			add("-append", s.Append)
+		}
+	}
+	add("-device", "pcie-root-port,id="+nicRootID+",bus=pcie.0,chassis=1,addr=0x3")
+	add("-device", "pcie-root-port,id="+spareRoot+",bus=pcie.0,chassis=2,addr=0x4")
+	if s.Disk != "" {
+		add("-blockdev", "driver=file,filename="+optPath(m.Paths.Disk)+",node-name=file0")
+		add("-blockdev", "driver=qcow2,file=file0,node-name="+diskNodeID)
+		add("-device", "virtio-blk-pci,drive="+diskNodeID+",id=disk0")
+	}
+	add("-netdev", netdevArg(m.Spec.Ports))
+	add("-device", "virtio-net-pci,netdev="+netdevID+",id="+nicID+",mac="+s.MAC+",bus="+nicRootID)
+	add("-device", "virtio-serial-pci,id=vser0")
+	add("-chardev", "socket,id="+qgaID+",path="+optPath(m.Paths.QGA)+",server=on,wait=off")
+	add("-device", "virtserialport,chardev="+qgaID+",name="+agentPort+",id=qgaport0")
+	// Every machine gets a fresh GUID: the guest reseeds its CRNG when it
+	// changes, which is what a fork child needs (the GUID is not migrated).
+	add("-device", "vmgenid,id=vmgenid0,guid=auto")
+	if opt.Incoming {
+		add("-incoming", "defer")
+	}
+	return a
+}
+
+func accelArg(accel string) string {
+	if accel == AccelTCG {
+		// QEMU 7.2 reserves a 1 GiB translation cache per process by default;
+		// 128 MiB keeps a fork child's footprint small at no visible cost
+		// for small guests.
+		return "tcg,tb-size=128"
+	}
+	return accel
+}
+
+// ramObject is the guest RAM backend. share=on maps the machine's own file so
+// a fork can freeze it; share=off maps a template privately, so the child's
+// writes never reach the file (a template is never written after the freeze).
+// No prealloc and no discard-data: both would touch or destroy a template.
+func ramObject(m *vmfork.Machine) string {
+	share := "off"
+	if m.Paths.RAMShared {
+		share = "on"
+	}
+	return fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s",
+		ramID, m.Spec.MemoryMiB, optPath(m.Paths.RAM), share)
+}
+
+func netdevArg(ports []vmfork.PortForward) string {
+	var b strings.Builder
+	b.WriteString("user,id=" + netdevID)
+	for _, p := range ports {
+		// Forwards listen on loopback only: a fork child must not appear on
+		// the host's network under the parent's identity.
+		fmt.Fprintf(&b, ",hostfwd=tcp:127.0.0.1:%d-:%d", p.Host, p.Guest)
+	}
+	return b.String()
+}
+
+// optPath escapes a path for a QEMU option value, where a comma separates
+// options and ",," stands for a literal comma.
+func optPath(p string) string { return strings.ReplaceAll(p, ",", ",,") }
+
+// GuestVisible returns the words of argv that the guest can see: machine,
+// CPU, memory size, devices and direct-boot files. A template's children
+// must match its source in all of them; backends (paths, ports, share=) may
+// differ.
+func GuestVisible(argv []string) []string {
+	var out []string
+	for i := 0; i+1 < len(argv); i++ {
+		switch argv[i] {
+		case "-device", "-machine", "-cpu", "-smp", "-m", "-kernel", "-initrd", "-append":
+			out = append(out, argv[i]+" "+argv[i+1])
+		}
+	}
+	return out
+}

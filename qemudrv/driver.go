@@ -1,0 +1,282 @@
+package qemudrv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/qmp"
+)
+
+// Name is the driver's name in machine records.
+const Name = "qemu"
+
+// Driver runs machines as QEMU processes on this host.
+type Driver struct {
+	log *logrus.Entry
+	// StopGrace is how long Stop waits for the guest to power off after an
+	// ACPI power-button press before it makes QEMU quit.
+	StopGrace time.Duration
+	// AgentTimeout bounds connecting to a guest agent that should answer.
+	AgentTimeout time.Duration
+}
+
+var _ vmfork.Driver = (*Driver)(nil)
+
+// New returns a Driver that logs to log (nil discards).
+func New(log *logrus.Entry) *Driver {
+	if log == nil {
+		l := logrus.New()
+		l.SetOutput(discard{})
+		log = logrus.NewEntry(l)
+	}
+	return &Driver{log: log.WithField("driver", Name), StopGrace: 10 * time.Second, AgentTimeout: 10 * time.Second}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// Name implements vmfork.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Start implements vmfork.Driver.
+func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
+	bin, err := qemuBinary()
+	if err != nil {
+		return err
+	}
+	if err := d.resolve(ctx, bin, m); err != nil {
+		return err
+	}
+	if m.Spec.Disk != "" {
+		if _, err := os.Stat(m.Paths.Disk); errors.Is(err, fs.ErrNotExist) {
+			if err := overlay.Create(ctx, m.Spec.Disk, m.Paths.Disk); err != nil {
+				return fmt.Errorf("create disk overlay: %w", err)
+			}
+		}
+	}
+	if m.Paths.RAMShared {
+		// A machine's own RAM file starts empty; QEMU sizes it. A file left
+		// by an earlier run would hand the guest stale memory.
+		if err := os.Remove(m.Paths.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove stale RAM file: %w", err)
+		}
+	}
+	p, err := spawn(bin, Argv(m, ArgvOptions{}), m.Paths.Log)
+	if err != nil {
+		return err
+	}
+	m.PID = p.pid
+	d.log.WithFields(logrus.Fields{"machine": m.Name, "pid": p.pid, "accel": m.Accel}).Debug("QEMU started")
+	if err := d.waitAgent(ctx, m, p); err != nil {
+		p.kill()
+		m.PID = 0
+		return err
+	}
+	return nil
+}
+
+// resolve fills in what the record leaves to the host: accelerator, versioned
+// machine type, CPU model, MAC and free host ports. Fields already set (a
+// fork child's inherited configuration) are kept.
+func (d *Driver) resolve(ctx context.Context, bin string, m *vmfork.Machine) error {
+	if m.Accel == "" {
+		accel, err := chooseAccel()
+		if err != nil {
+			return err
+		}
+		m.Accel = accel
+		if accel == AccelTCG && os.Getenv("VMFORK_ACCEL") == "" {
+			d.log.WithField("machine", m.Name).Warn("KVM is not usable here: running under TCG software emulation (slower)")
+		}
+	}
+	if m.Spec.MachineType == "" {
+		mt, err := resolveMachineType(ctx, bin)
+		if err != nil {
+			return err
+		}
+		m.Spec.MachineType = mt
+	}
+	if m.Spec.CPUModel == "" {
+		// qemu64 runs under both accelerators and migrates between hosts;
+		// "host" would tie a template to this CPU.
+		m.Spec.CPUModel = "qemu64"
+	}
+	if m.Spec.MAC == "" {
+		m.Spec.MAC = randomMAC()
+	}
+	return pickPorts(m.Spec.Ports)
+}
+
+// pickPorts checks that requested host ports are free and picks free ones for
+// forwards that left the host port to us (Host == 0).
+func pickPorts(ports []vmfork.PortForward) error {
+	for i := range ports {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ports[i].Host))
+		if err != nil {
+			return fmt.Errorf("host port %d is not free: %w", ports[i].Host, vmfork.ErrInvalid)
+		}
+		ports[i].Host = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	return nil
+}
+
+// waitAgent waits until the guest agent answers, QEMU exits, or ctx ends.
+func (d *Driver) waitAgent(ctx context.Context, m *vmfork.Machine, p *process) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		// Each attempt re-sends the sync request: bytes written before the
+		// agent opened its port may have been lost.
+		actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+		a, err := qmp.DialAgent(actx, m.Paths.QGA)
+		acancel()
+		if err == nil {
+			a.Close()
+			return nil
+		}
+		select {
+		case <-p.done:
+			return exitError(p.err, m.Paths.Log)
+		default:
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for guest agent: %w (last error: %v)", ctx.Err(), err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Status implements vmfork.Driver. It looks at the process only, never at QMP,
+// so it does not queue behind another command holding the monitor.
+func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, error) {
+	if alive(m.PID, m.Paths.QMP) {
+		if m.State == vmfork.StatePaused {
+			return vmfork.StatePaused, nil
+		}
+		return vmfork.StateRunning, nil
+	}
+	return vmfork.StateStopped, nil
+}
+
+// Agent implements vmfork.Driver.
+func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, error) {
+	if !alive(m.PID, m.Paths.QMP) {
+		return nil, fmt.Errorf("machine %q: %w", m.Name, vmfork.ErrNotRunning)
+	}
+	actx, cancel := context.WithTimeout(ctx, d.AgentTimeout)
+	defer cancel()
+	a, err := qmp.DialAgent(actx, m.Paths.QGA)
+	if err != nil {
+		return nil, fmt.Errorf("guest agent of %q does not answer: %w", m.Name, err)
+	}
+	return a, nil
+}
+
+// Stop implements vmfork.Driver: a shutdown request through the guest agent
+// (or the ACPI power button when no agent answers), a bounded wait, QMP quit,
+// then SIGKILL. With force it kills at once.
+func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error {
+	defer d.removeRuntimeFiles(m)
+	if !alive(m.PID, m.Paths.QMP) {
+		return nil
+	}
+	log := d.log.WithField("machine", m.Name)
+	if !force {
+		if err := d.agentShutdown(ctx, m); err == nil {
+			return nil
+		} else {
+			log.WithError(err).Debug("no clean shutdown through the guest agent")
+		}
+		if err := d.qmpStop(ctx, m, "system_powerdown", d.StopGrace); err == nil {
+			return nil
+		} else {
+			log.WithError(err).Debug("no clean power-off")
+		}
+		if err := d.qmpStop(ctx, m, "quit", 5*time.Second); err == nil {
+			return nil
+		} else {
+			log.WithError(err).Debug("QMP quit did not end QEMU")
+		}
+	}
+	if err := syscall.Kill(m.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("kill QEMU (pid %d): %w", m.PID, err)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := waitGone(wctx, m.PID, m.Paths.QMP); err != nil {
+		return fmt.Errorf("QEMU (pid %d) survived SIGKILL: %w", m.PID, err)
+	}
+	return nil
+}
+
+// agentShutdown asks the guest agent to power the guest off and waits up to
+// StopGrace for QEMU to exit.
+func (d *Driver) agentShutdown(ctx context.Context, m *vmfork.Machine) error {
+	ctx, cancel := context.WithTimeout(ctx, d.StopGrace)
+	defer cancel()
+	a, err := d.Agent(ctx, m)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	// qemu-ga sends no reply to guest-shutdown when it succeeds.
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	err = a.Execute(sctx, "guest-shutdown", map[string]string{"mode": "powerdown"}, nil)
+	scancel()
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, qmp.ErrClosed) {
+		return err
+	}
+	return waitGone(ctx, m.PID, m.Paths.QMP)
+}
+
+// qmpStop sends cmd over QMP and waits up to grace for QEMU to exit.
+func (d *Driver) qmpStop(ctx context.Context, m *vmfork.Machine, cmd string, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	mon, err := qmp.Dial(ctx, m.Paths.QMP)
+	if err != nil {
+		return err
+	}
+	defer mon.Close()
+	if err := mon.Execute(ctx, cmd, nil, nil); err != nil && !errors.Is(err, qmp.ErrClosed) {
+		return err
+	}
+	return waitGone(ctx, m.PID, m.Paths.QMP)
+}
+
+// removeRuntimeFiles removes what only a running QEMU needs: sockets left by
+// a killed process and the machine's own RAM file (its contents mean nothing
+// once the guest is off). A template's RAM file is never touched here.
+func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
+	if alive(m.PID, m.Paths.QMP) {
+		return
+	}
+	for _, p := range []string{m.Paths.QMP, m.Paths.QGA} {
+		os.Remove(p)
+	}
+	if m.Paths.RAMShared {
+		os.Remove(m.Paths.RAM)
+	}
+}

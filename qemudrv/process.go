@@ -1,0 +1,132 @@
+package qemudrv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// process is a QEMU process this CLI started. done is closed when it exits;
+// err then holds how it exited.
+type process struct {
+	pid  int
+	done chan struct{}
+	err  error
+}
+
+// spawn starts QEMU so that it outlives the CLI: its own process group (a
+// Ctrl-C in the terminal does not reach it), stdin from /dev/null, and its
+// output appended to logPath instead of a pipe the CLI would hold.
+func spawn(bin string, args []string, logPath string) (*process, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open QEMU log: %w", err)
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "# %s %s\n", time.Now().UTC().Format(time.RFC3339), shellQuote(append([]string{bin}, args...)))
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start QEMU: %w", err)
+	}
+	p := &process{pid: cmd.Process.Pid, done: make(chan struct{})}
+	// Reap the process while this CLI lives; once the CLI exits, init does.
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// kill kills the process and waits for it to be reaped.
+func (p *process) kill() {
+	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// exitError describes how QEMU ended, with the tail of its log.
+func exitError(err error, logPath string) error {
+	msg := "QEMU exited"
+	if err != nil {
+		msg = "QEMU exited: " + err.Error()
+	}
+	if tail := logTail(logPath, 5); tail != "" {
+		msg += ": " + tail
+	}
+	return errors.New(msg)
+}
+
+// logTail returns the last n lines of QEMU's log, without our own "#" lines,
+// joined into one line.
+func logTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.HasPrefix(l, "# ") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// alive reports whether pid is a live (not zombie) process whose command line
+// contains marker. The marker (the machine's QMP socket path) guards against
+// a PID that was reused by another process after QEMU exited.
+func alive(pid int, marker string) bool {
+	if pid <= 0 {
+		return false
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !bytes.Contains(cmdline, []byte(marker)) {
+		return false
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state is the field after the parenthesised command name.
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z' && stat[i+2] != 'X'
+	}
+	return true
+}
+
+// waitGone polls until alive(pid, marker) is false or ctx ends.
+func waitGone(ctx context.Context, pid int, marker string) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for alive(pid, marker) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+func shellQuote(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\n'\"\\$`;&|<>(){}*?[]#~") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		q[i] = a
+	}
+	return strings.Join(q, " ")
+}

@@ -1,0 +1,134 @@
+package qmp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// QMP command names used by vmfork (QEMU 7.2, qapi/*.json). go-qemu's generated qmp/raw follows
+// the QEMU 2.11 schema, so the typed helpers below are written by hand.
+const (
+	CmdQMPCapabilities        = "qmp_capabilities"
+	CmdStop                   = "stop"
+	CmdCont                   = "cont"
+	CmdQueryStatus            = "query-status"
+	CmdQueryMigrate           = "query-migrate"
+	CmdMigrateSetCapabilities = "migrate-set-capabilities"
+	CmdMigrate                = "migrate"
+	CmdMigrateIncoming        = "migrate-incoming"
+	CmdMigrateCancel          = "migrate_cancel"
+	CmdGetFD                  = "getfd"
+	CmdCloseFD                = "closefd"
+	CmdBlockdevSnapshotSync   = "blockdev-snapshot-sync"
+	CmdSetLink                = "set_link"
+	CmdSystemPowerdown        = "system_powerdown"
+	CmdQuit                   = "quit"
+	CmdQueryVMGenerationID    = "query-vm-generation-id"
+)
+
+// Run states reported by query-status (qapi/run-state.json, RunState) that vmfork acts on.
+const (
+	StatusRunning     = "running"
+	StatusPaused      = "paused"
+	StatusInMigrate   = "inmigrate"   // started with -incoming, waiting for migrate-incoming
+	StatusPostMigrate = "postmigrate" // after an outgoing migration; cont resumes it
+	StatusShutdown    = "shutdown"
+)
+
+// Status is the reply of query-status.
+type Status struct {
+	Status  string `json:"status"` // one of the Status constants, or another RunState
+	Running bool   `json:"running"`
+}
+
+// Stop pauses the guest's vCPUs. It drains in-flight I/O first, so RAM, device state and disks
+// are one point in time afterwards.
+func (m *Monitor) Stop(ctx context.Context) error {
+	return m.Execute(ctx, CmdStop, nil, nil)
+}
+
+// Cont resumes the guest. On a migration destination it must come only after query-migrate
+// reports "completed": QEMU 7.2 activates the images before it checks the state, and an early
+// cont fails with a write-lock error and can kill the incoming QEMU.
+func (m *Monitor) Cont(ctx context.Context) error {
+	return m.Execute(ctx, CmdCont, nil, nil)
+}
+
+// QueryStatus reports the VM's run state.
+func (m *Monitor) QueryStatus(ctx context.Context) (Status, error) {
+	var st Status
+	err := m.Execute(ctx, CmdQueryStatus, nil, &st)
+	return st, err
+}
+
+// GetFD passes f to QEMU under name, for use as "fd:name" in a migration URI. QEMU keeps its own
+// duplicate, so the caller may close f afterwards; CloseFD releases QEMU's copy.
+func (m *Monitor) GetFD(ctx context.Context, name string, f *os.File) error {
+	return m.ExecuteWithFile(ctx, CmdGetFD, map[string]string{"fdname": name}, f, nil)
+}
+
+// CloseFD closes the descriptor QEMU holds under name.
+func (m *Monitor) CloseFD(ctx context.Context, name string) error {
+	return m.Execute(ctx, CmdCloseFD, map[string]string{"fdname": name}, nil)
+}
+
+// BlockdevSnapshot describes a blockdev-snapshot-sync: QEMU creates File as a new image whose
+// backing file is Node's current image, and Node's users continue on the new image.
+type BlockdevSnapshot struct {
+	Node         string `json:"node-name"`          // the format node to snapshot, such as "fmt0"
+	File         string `json:"snapshot-file"`      // the overlay QEMU creates
+	SnapshotNode string `json:"snapshot-node-name"` // node name of the overlay
+	Format       string `json:"format,omitempty"`   // "qcow2" when empty
+}
+
+// BlockdevSnapshotSync switches a disk to a new overlay. It takes a request struct rather than four
+// positional strings, which are too easy to swap.
+func (m *Monitor) BlockdevSnapshotSync(ctx context.Context, s BlockdevSnapshot) error {
+	return m.Execute(ctx, CmdBlockdevSnapshotSync, s, nil)
+}
+
+// SetLink sets the link state of the NIC or netdev called name, so a child's guest sees a carrier
+// change and renews its address.
+func (m *Monitor) SetLink(ctx context.Context, name string, up bool) error {
+	args := struct {
+		Name string `json:"name"`
+		Up   bool   `json:"up"`
+	}{name, up}
+	return m.Execute(ctx, CmdSetLink, args, nil)
+}
+
+// SystemPowerdown presses the ACPI power button. The guest may ignore it; callers wait for
+// SHUTDOWN or Done() with a bound and then Quit.
+func (m *Monitor) SystemPowerdown(ctx context.Context) error {
+	return m.Execute(ctx, CmdSystemPowerdown, nil, nil)
+}
+
+// Quit makes QEMU exit at once. QEMU may close the socket before its reply reaches us; that
+// counts as success, since QEMU exiting was the point.
+func (m *Monitor) Quit(ctx context.Context) error {
+	if err := m.Err(); err != nil {
+		return fmt.Errorf("qmp: %s: %w", CmdQuit, err)
+	}
+	err := m.Execute(ctx, CmdQuit, nil, nil)
+	if errors.Is(err, ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// QueryVMGenerationID returns the vmgenid device's GUID. Each child gets its own from guid=auto
+// on its command line: the GUID is not migrated.
+func (m *Monitor) QueryVMGenerationID(ctx context.Context) (string, error) {
+	var r struct {
+		GUID string `json:"guid"`
+	}
+	if err := m.Execute(ctx, CmdQueryVMGenerationID, nil, &r); err != nil {
+		return "", err
+	}
+	if r.GUID == "" {
+		return "", fmt.Errorf("qmp: %s: empty guid", CmdQueryVMGenerationID)
+	}
+	return r.GUID, nil
+}

@@ -1,0 +1,144 @@
+package qmp
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Migration capabilities vmfork sets (qapi/migration.json, MigrationCapability).
+const (
+	// CapXIgnoreShared skips RAM blocks backed by a shared file; the fork copies that file
+	// instead. It must be set on both ends: a destination without it fails the load and exits.
+	CapXIgnoreShared = "x-ignore-shared"
+	// CapEvents makes QEMU send MIGRATION events for every state change, not only incoming setup.
+	CapEvents = "events"
+	// CapBackgroundSnapshot (QEMU 6.0+) saves RAM while the guest runs, write-protecting pages.
+	CapBackgroundSnapshot = "background-snapshot"
+)
+
+// Migration states reported by query-migrate (qapi/migration.json, MigrationStatus). Completed,
+// Failed and Cancelled are terminal.
+const (
+	MigrationNone       = "none"
+	MigrationSetup      = "setup"
+	MigrationActive     = "active"
+	MigrationDevice     = "device"
+	MigrationCancelling = "cancelling"
+	MigrationCompleted  = "completed"
+	MigrationFailed     = "failed"
+	MigrationCancelled  = "cancelled"
+)
+
+// Capability is one entry of migrate-set-capabilities.
+type Capability struct {
+	Name  string `json:"capability"` // one of the Cap constants
+	State bool   `json:"state"`
+}
+
+// MigrationInfo is the reply of query-migrate. Members QEMU omits in a state stay zero.
+type MigrationInfo struct {
+	Status           string       `json:"status"`            // one of the Migration constants
+	TotalTime        int64        `json:"total-time"`        // milliseconds, so far while active
+	Downtime         int64        `json:"downtime"`          // milliseconds, once completed
+	ExpectedDowntime int64        `json:"expected-downtime"` // milliseconds, while active
+	SetupTime        int64        `json:"setup-time"`        // milliseconds
+	RAM              MigrationRAM `json:"ram"`
+	ErrorDesc        string       `json:"error-desc"`      // why it failed, when Status is "failed"
+	BlockedReasons   []string     `json:"blocked-reasons"` // QEMU 6.0+: what forbids migrating now
+}
+
+// MigrationRAM holds the RAM counters of query-migrate. With x-ignore-shared, shared RAM is not
+// counted, so Transferred stays small for a fork.
+type MigrationRAM struct {
+	Transferred int64   `json:"transferred"` // bytes
+	Remaining   int64   `json:"remaining"`   // bytes
+	Total       int64   `json:"total"`       // bytes
+	Duplicate   int64   `json:"duplicate"`   // zero pages
+	Normal      int64   `json:"normal"`      // pages sent in full
+	NormalBytes int64   `json:"normal-bytes"`
+	MBps        float64 `json:"mbps"`
+}
+
+// MigrateSetCapabilities sets migration capabilities. They must be set before migrate or
+// migrate-incoming, identically on both ends.
+func (m *Monitor) MigrateSetCapabilities(ctx context.Context, caps []Capability) error {
+	args := struct {
+		Capabilities []Capability `json:"capabilities"`
+	}{caps}
+	return m.Execute(ctx, CmdMigrateSetCapabilities, args, nil)
+}
+
+// Migrate starts an outgoing migration to uri and returns once it has started; WaitMigration
+// waits for the end. QEMU 7.2 takes tcp:, unix:, vsock:, rdma:, exec: and fd: URIs but not file:
+// (QEMU 8.2). exec: runs /bin/sh -c and dies under libvirt's seccomp; prefer fd: with GetFD.
+func (m *Monitor) Migrate(ctx context.Context, uri string) error {
+	return m.Execute(ctx, CmdMigrate, map[string]string{"uri": uri}, nil)
+}
+
+// MigrateIncoming starts loading a migration stream from uri into a QEMU started with
+// -incoming defer. A failed load makes that QEMU exit, which WaitMigration reports as ErrClosed.
+func (m *Monitor) MigrateIncoming(ctx context.Context, uri string) error {
+	return m.Execute(ctx, CmdMigrateIncoming, map[string]string{"uri": uri}, nil)
+}
+
+// MigrateCancel cancels the outgoing migration; its state goes through "cancelling" to "cancelled".
+func (m *Monitor) MigrateCancel(ctx context.Context) error {
+	return m.Execute(ctx, CmdMigrateCancel, nil, nil)
+}
+
+// QueryMigrate reports the state of the current or last migration.
+func (m *Monitor) QueryMigrate(ctx context.Context) (MigrationInfo, error) {
+	var info MigrationInfo
+	err := m.Execute(ctx, CmdQueryMigrate, nil, &info)
+	return info, err
+}
+
+// WaitMigration polls query-migrate every poll until the migration reaches a terminal state, and
+// returns the last MigrationInfo in every case. "completed" returns a nil error; "failed" and
+// "cancelled" return an error wrapping ErrMigrationFailed with QEMU's error-desc; QEMU exiting
+// mid-wait (a failed incoming load does that) returns an error wrapping ErrClosed as soon as the
+// socket closes, not at the next tick; ctx ending returns ctx.Err() wrapped with the last state.
+//
+// Call it after Migrate or MigrateIncoming has returned: before that the state is "none", which is
+// not treated as terminal because an incoming QEMU reports it until the stream starts.
+func (m *Monitor) WaitMigration(ctx context.Context, poll time.Duration) (MigrationInfo, error) {
+	start := time.Now()
+	ticker := time.NewTicker(poll)
+	defer ticker.Stop()
+	var info MigrationInfo
+	last := ""
+	for {
+		var err error
+		info, err = m.QueryMigrate(ctx)
+		if err != nil {
+			return info, fmt.Errorf("qmp: wait for migration (last status %q after %v): %w",
+				last, time.Since(start).Round(time.Millisecond), err)
+		}
+		if info.Status != last {
+			m.log.WithField("status", info.Status).Debug("qmp: migration status")
+			last = info.Status
+		}
+		switch info.Status {
+		case MigrationCompleted:
+			return info, nil
+		case MigrationFailed:
+			desc := info.ErrorDesc
+			if desc == "" {
+				desc = "no error-desc given"
+			}
+			return info, fmt.Errorf("qmp: wait for migration: %w: %s", ErrMigrationFailed, desc)
+		case MigrationCancelled:
+			return info, fmt.Errorf("qmp: wait for migration: %w: cancelled", ErrMigrationFailed)
+		}
+		select {
+		case <-ticker.C:
+		case <-m.done:
+			return info, fmt.Errorf("qmp: wait for migration (last status %q after %v): %w",
+				last, time.Since(start).Round(time.Millisecond), m.Err())
+		case <-ctx.Done():
+			return info, fmt.Errorf("qmp: wait for migration (last status %q after %v): %w",
+				last, time.Since(start).Round(time.Millisecond), ctx.Err())
+		}
+	}
+}

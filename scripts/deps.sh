@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what vmfork's build, demo and tests need on Debian 12, through
+# apt-get. Idempotent: when everything is present it only checks, in well
+# under a second. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+pkgs=(
+  qemu-system-x86 qemu-utils qemu-guest-agent busybox-static
+  libvirt-dev libvirt-daemon-system
+  cpio e2fsprogs gzip
+)
+# The guest kernel: Debian's generic flavour (it has CONFIG_VMGENID; the cloud
+# flavour does not). tests/guest/build.sh downloads it with apt-get download,
+# so only the package lists are needed here.
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+echo "vmfork deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq >&2
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,226 @@
+package vmfork
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Store is vmfork's state on disk: machine records and templates under the
+// state dir, guest RAM files under the mem dir (a tmpfs). Nothing outside
+// these two directories is written.
+type Store struct {
+	StateDir string
+	MemDir   string
+}
+
+// DefaultStateDir is /var/lib/vmfork for root and $XDG_STATE_HOME/vmfork
+// (or ~/.local/state/vmfork) otherwise.
+func DefaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/vmfork"
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "vmfork")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "state", "vmfork")
+}
+
+// DefaultMemDir is where guest RAM files live: a tmpfs.
+const DefaultMemDir = "/dev/shm/vmfork"
+
+// OpenStore creates the store's directories if needed.
+func OpenStore(stateDir, memDir string) (*Store, error) {
+	if stateDir == "" || memDir == "" {
+		return nil, fmt.Errorf("state dir and mem dir must be set: %w", ErrInvalid)
+	}
+	s := &Store{StateDir: filepath.Clean(stateDir), MemDir: filepath.Clean(memDir)}
+	for _, d := range []string{
+		s.StateDir, s.MemDir,
+		filepath.Join(s.StateDir, dirMachines), filepath.Join(s.StateDir, dirTemplates),
+		filepath.Join(s.StateDir, dirJournal), filepath.Join(s.StateDir, dirLocks),
+	} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// MachinePaths returns the files of machine name. RAM is the machine's own
+// share=on RAM file; fork children replace it with their template's.
+func (s *Store) MachinePaths(name string) Paths {
+	dir := filepath.Join(s.StateDir, dirMachines, name)
+	return Paths{
+		Dir:       dir,
+		Disk:      filepath.Join(dir, fileDisk),
+		QMP:       filepath.Join(dir, fileQMP),
+		QGA:       filepath.Join(dir, fileQGA),
+		Serial:    filepath.Join(dir, fileSerial),
+		Log:       filepath.Join(dir, fileQEMULog),
+		RAM:       filepath.Join(s.MemDir, name+ramSuffix),
+		RAMShared: true,
+	}
+}
+
+// CreateMachine reserves m.Name by creating its directory and writes its
+// record. It fails with ErrExists if the name is taken.
+func (s *Store) CreateMachine(m *Machine) error {
+	if err := ValidateName(m.Name); err != nil {
+		return err
+	}
+	dir := filepath.Join(s.StateDir, dirMachines, m.Name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("machine %q: %w", m.Name, ErrExists)
+		}
+		return fmt.Errorf("machine %q: %w", m.Name, err)
+	}
+	if err := s.SaveMachine(m); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	return nil
+}
+
+// SaveMachine writes m's record atomically.
+func (s *Store) SaveMachine(m *Machine) error {
+	path := filepath.Join(s.StateDir, dirMachines, m.Name, fileMachine)
+	if err := writeJSON(path, m); err != nil {
+		return fmt.Errorf("machine %q: save record: %w", m.Name, err)
+	}
+	return nil
+}
+
+// LoadMachine reads machine name's record; ErrNotFound if there is none.
+func (s *Store) LoadMachine(name string) (*Machine, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	var m Machine
+	path := filepath.Join(s.StateDir, dirMachines, name, fileMachine)
+	if err := readJSON(path, &m); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("machine %q: %w", name, ErrNotFound)
+		}
+		return nil, fmt.Errorf("machine %q: %w", name, err)
+	}
+	return &m, nil
+}
+
+// ListMachines returns every machine record, sorted by name. A directory
+// whose record cannot be read is skipped: it is a machine being created or
+// removed right now.
+func (s *Store) ListMachines() ([]*Machine, error) {
+	entries, err := os.ReadDir(filepath.Join(s.StateDir, dirMachines))
+	if err != nil {
+		return nil, fmt.Errorf("list machines: %w", err)
+	}
+	var ms []*Machine
+	for _, e := range entries {
+		if !e.IsDir() || ValidateName(e.Name()) != nil {
+			continue
+		}
+		m, err := s.LoadMachine(e.Name())
+		if err != nil {
+			continue
+		}
+		ms = append(ms, m)
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+	return ms, nil
+}
+
+// RemoveMachine deletes machine name's directory and its own RAM file. It
+// never touches a template's RAM file.
+func (s *Store) RemoveMachine(name string) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	p := s.MachinePaths(name)
+	if err := os.Remove(p.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("machine %q: remove RAM file: %w", name, err)
+	}
+	if err := os.RemoveAll(p.Dir); err != nil {
+		return fmt.Errorf("machine %q: remove directory: %w", name, err)
+	}
+	return nil
+}
+
+// Lock takes the exclusive lock of name (a machine or template), waiting
+// until ctx ends. Locks are flock(2) locks on files under <state-dir>/locks,
+// so a killed CLI releases them.
+func (s *Store) Lock(ctx context.Context, name string) (unlock func(), err error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(s.StateDir, dirLocks, name+".lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %q: %w", name, err)
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %q: %w", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %q: held by another vmfork command: %w", name, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// writeJSON writes v to path through a temporary file and a rename, so a
+// reader sees the old or the new record, never half of one.
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("parse %s: %w", path, err)
+	}
+	return nil
+}

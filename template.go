@@ -1,0 +1,210 @@
+package vmfork
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Template is a frozen fork point: everything a child needs to continue from
+// the instant its source was frozen. Its files never change after the freeze;
+// they are only removed.
+type Template struct {
+	// ID is "<source>.<n>". The dot cannot appear in a machine name, so a
+	// template's RAM file in the mem dir never clashes with a machine's.
+	ID      string    `json:"id"`
+	Source  string    `json:"source"`
+	Driver  string    `json:"driver"`
+	Accel   string    `json:"accel,omitempty"`
+	Created time.Time `json:"created"`
+	// Spec is the source's configuration at the freeze; children copy it, so
+	// their device configuration matches the saved device state.
+	Spec  Spec          `json:"spec"`
+	Paths TemplatePaths `json:"paths"`
+	// HasMemory is true while the template holds RAM and device state. Once
+	// no child maps its RAM they are removed, and only the frozen disk stays,
+	// as long as it is a layer in some machine's disk chain.
+	HasMemory bool     `json:"has_memory"`
+	Manifest  Manifest `json:"manifest"`
+	PauseMS   float64  `json:"pause_ms,omitempty"`
+}
+
+// TemplatePaths are a template's files. Disk is empty when the source had no
+// disk; RAM and DevState are empty for a disk-only fork point (a stopped
+// source).
+type TemplatePaths struct {
+	Dir      string `json:"dir"`
+	DevState string `json:"devstate,omitempty"`
+	Disk     string `json:"disk,omitempty"`
+	RAM      string `json:"ram_file,omitempty"`
+}
+
+// Manifest says what a template needs of the QEMU that loads it: a child
+// only starts where every field matches.
+type Manifest struct {
+	QEMUVersion string `json:"qemu_version"`
+	MachineType string `json:"machine_type"`
+	CPUModel    string `json:"cpu_model"`
+	MemoryMiB   int    `json:"memory_mib"`
+	CPUs        int    `json:"cpus"`
+	// Devices is the guest-visible part of the QEMU configuration.
+	Devices []string `json:"devices"`
+	// DevStateBytes is the size of the saved device state.
+	DevStateBytes int64 `json:"devstate_bytes,omitempty"`
+	// RAMSharedWithChildren is false when the source's RAM was private (it
+	// was itself a fork child): the device state then carries all of RAM.
+	RAMSharedWithChildren bool `json:"ram_shared_with_children"`
+}
+
+// Check reports the first field of m that differs from want, naming it.
+func (m Manifest) Check(want Manifest) error {
+	diff := func(field, got, want string) error {
+		return fmt.Errorf("template needs %s %q, this host has %q: %w", field, want, got, ErrUnsupported)
+	}
+	switch {
+	case m.QEMUVersion != want.QEMUVersion:
+		return diff("QEMU version", m.QEMUVersion, want.QEMUVersion)
+	case m.MachineType != want.MachineType:
+		return diff("machine type", m.MachineType, want.MachineType)
+	case m.CPUModel != want.CPUModel:
+		return diff("CPU model", m.CPUModel, want.CPUModel)
+	case m.MemoryMiB != want.MemoryMiB:
+		return diff("memory size", strconv.Itoa(m.MemoryMiB), strconv.Itoa(want.MemoryMiB))
+	case m.CPUs != want.CPUs:
+		return diff("CPU count", strconv.Itoa(m.CPUs), strconv.Itoa(want.CPUs))
+	case strings.Join(m.Devices, "\n") != strings.Join(want.Devices, "\n"):
+		return diff("device list", strings.Join(m.Devices, " "), strings.Join(want.Devices, " "))
+	}
+	return nil
+}
+
+var templateIDPattern = regexp.MustCompile(`^([a-z0-9][a-z0-9-]{0,62})\.([0-9]{1,9})$`)
+
+func validateTemplateID(id string) error {
+	if !templateIDPattern.MatchString(id) {
+		return fmt.Errorf("template id %q is not valid: %w", id, ErrInvalid)
+	}
+	return nil
+}
+
+// TemplatePaths returns the files of template id.
+func (s *Store) TemplatePaths(id string) TemplatePaths {
+	dir := filepath.Join(s.StateDir, dirTemplates, id)
+	return TemplatePaths{
+		Dir:      dir,
+		DevState: filepath.Join(dir, FileDevState),
+		Disk:     filepath.Join(dir, fileDisk),
+		RAM:      filepath.Join(s.MemDir, id+ramSuffix),
+	}
+}
+
+// NewTemplate reserves the next free id "<source>.<n>" and creates the
+// template's directory. The record is written by SaveTemplate.
+func (s *Store) NewTemplate(source string) (*Template, error) {
+	if err := ValidateName(source); err != nil {
+		return nil, err
+	}
+	n := 1
+	ts, err := s.ListTemplates()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		if m := templateIDPattern.FindStringSubmatch(t.ID); m != nil && m[1] == source {
+			if k, _ := strconv.Atoi(m[2]); k >= n {
+				n = k + 1
+			}
+		}
+	}
+	for ; ; n++ {
+		id := fmt.Sprintf("%s.%d", source, n)
+		p := s.TemplatePaths(id)
+		err := os.Mkdir(p.Dir, 0o700)
+		if errors.Is(err, fs.ErrExist) {
+			continue // a directory without a record: a fork in progress
+		}
+		if err != nil {
+			return nil, fmt.Errorf("template %q: %w", id, err)
+		}
+		return &Template{ID: id, Source: source, Created: time.Now().UTC(), Paths: p}, nil
+	}
+}
+
+// SaveTemplate writes t's record atomically.
+func (s *Store) SaveTemplate(t *Template) error {
+	if err := writeJSON(filepath.Join(t.Paths.Dir, fileManifest), t); err != nil {
+		return fmt.Errorf("template %q: save record: %w", t.ID, err)
+	}
+	return nil
+}
+
+// LoadTemplate reads template id's record; ErrNotFound if there is none.
+func (s *Store) LoadTemplate(id string) (*Template, error) {
+	if err := validateTemplateID(id); err != nil {
+		return nil, err
+	}
+	var t Template
+	if err := readJSON(filepath.Join(s.StateDir, dirTemplates, id, fileManifest), &t); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("template %q: %w", id, ErrNotFound)
+		}
+		return nil, fmt.Errorf("template %q: %w", id, err)
+	}
+	return &t, nil
+}
+
+// ListTemplates returns every template with a record, sorted by id.
+func (s *Store) ListTemplates() ([]*Template, error) {
+	entries, err := os.ReadDir(filepath.Join(s.StateDir, dirTemplates))
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	var ts []*Template
+	for _, e := range entries {
+		if !e.IsDir() || validateTemplateID(e.Name()) != nil {
+			continue
+		}
+		if t, err := s.LoadTemplate(e.Name()); err == nil {
+			ts = append(ts, t)
+		}
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].ID < ts[j].ID })
+	return ts, nil
+}
+
+// DropTemplateMemory removes template t's RAM file and device state and keeps
+// its frozen disk.
+func (s *Store) DropTemplateMemory(t *Template) error {
+	for _, p := range []string{t.Paths.RAM, t.Paths.DevState} {
+		if p == "" {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("template %q: %w", t.ID, err)
+		}
+	}
+	t.HasMemory = false
+	return s.SaveTemplate(t)
+}
+
+// RemoveTemplate deletes template id's directory and RAM file.
+func (s *Store) RemoveTemplate(id string) error {
+	if err := validateTemplateID(id); err != nil {
+		return err
+	}
+	p := s.TemplatePaths(id)
+	if err := os.Remove(p.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("template %q: remove RAM file: %w", id, err)
+	}
+	if err := os.RemoveAll(p.Dir); err != nil {
+		return fmt.Errorf("template %q: %w", id, err)
+	}
+	return nil
+}
