@@ -138,6 +138,14 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	live := src.State == StateRunning
+	// Recorded once children protect it, so that a failure below leaves it
+	// to collectTemplates, which keeps its disk only if a chain needs it.
+	if err := mg.Store.SaveTemplate(tpl); err != nil {
+		mg.release(children)
+		done()
+		mg.Store.RemoveTemplate(tpl.ID)
+		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
+	}
 	if live {
 		err = mg.freezeRunning(ctx, forker, src, tpl)
 	} else {
@@ -273,11 +281,12 @@ func (mg *Manager) release(children []*Machine) {
 
 // freezeRunning freezes a running source.
 func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machine, tpl *Template) error {
-	tpl.HasMemory = false // until the freeze completes
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
-		return err
-	}
 	fr, err := forker.Freeze(ctx, src, tpl)
+	// Saved even on error: once the disk switch is done the source runs on
+	// a new top image, whatever failed after it.
+	if serr := mg.Store.SaveMachine(src); serr != nil && err == nil {
+		err = serr
+	}
 	if err != nil {
 		return err
 	}

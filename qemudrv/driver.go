@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -278,5 +279,14 @@ func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
 	}
 	if m.Paths.RAMShared {
 		os.Remove(m.Paths.RAM)
+	}
+	// Earlier top images of a forked machine keep their old names only for
+	// the QEMU that knew them; each also has its template's name.
+	if old, err := filepath.Glob(filepath.Join(m.Paths.Dir, "disk*.qcow2")); err == nil && m.Paths.Disk != "" {
+		for _, p := range old {
+			if p != m.Paths.Disk {
+				os.Remove(p)
+			}
+		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -136,12 +138,17 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		if err != nil {
 			return nil, err
 		}
-		p.next = src.Paths.Disk + ".next"
-		os.Remove(p.next) // left by an interrupted fork, never in use
+		if p.next, err = nextTopPath(src); err != nil {
+			return nil, err
+		}
 		if err := overlay.CreateOn(ctx, t.Paths.Disk, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
 			return nil, err
 		}
-		p.cleanup = func() { os.Remove(p.next) }
+		p.cleanup = func() {
+			if src.Paths.Disk != p.next { // not switched: the overlay is unused
+				os.Remove(p.next)
+			}
+		}
 	}
 	f, err := os.OpenFile(t.Paths.DevState, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -164,23 +171,22 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 	return p, nil
 }
 
-// switchDisk makes the source's current top image the template's frozen disk
-// and puts the source on the overlay prepared for it. The files are renamed
-// while QEMU holds the old top open: QEMU keeps using its open descriptor, and
-// the new overlay already names the frozen disk's final path as its backing.
+// switchDisk makes the source's current top image the template's frozen
+// disk and puts the source on the overlay prepared for it. The frozen image
+// gets a second name (a hard link) in the template and keeps its old one:
+// QEMU reopens images by the file name it knows (when a node changes between
+// read-write and read-only), so no name QEMU has seen may ever point to
+// another file. The new top has a new name for the same reason.
 func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, undo *[]func(context.Context) error) error {
-	if err := os.Rename(src.Paths.Disk, t.Paths.Disk); err != nil {
+	if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
 		return err
 	}
-	*undo = append(*undo, func(context.Context) error { return os.Rename(t.Paths.Disk, src.Paths.Disk) })
-	if err := os.Rename(p.next, src.Paths.Disk); err != nil {
-		return err
-	}
-	*undo = append(*undo, func(context.Context) error { return os.Rename(src.Paths.Disk, p.next) })
+	*undo = append(*undo, func(context.Context) error { return os.Remove(t.Paths.Disk) })
 	node := fmt.Sprintf("top%x", time.Now().UnixNano())
 	add := map[string]any{
 		"driver": "qcow2", "node-name": node, "backing": nil,
-		"file": map[string]any{"driver": "file", "filename": src.Paths.Disk},
+		"read-only": false, "auto-read-only": false,
+		"file": map[string]any{"driver": "file", "filename": p.next, "read-only": false, "auto-read-only": false},
 	}
 	if err := mon.Execute(ctx, "blockdev-add", add, nil); err != nil {
 		return err
@@ -193,8 +199,22 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 	}
 	// From here the source writes to its new overlay, on top of the frozen
 	// disk; that cannot be undone, and need not be: only cont remains.
+	src.Paths.Disk = p.next
 	*undo = (*undo)[:1]
 	return nil
+}
+
+// nextTopPath names the overlay a source moves to at its next fork:
+// disk.qcow2, disk.1.qcow2, disk.2.qcow2, ... in the machine's directory.
+func nextTopPath(m *vmfork.Machine) (string, error) {
+	dir := filepath.Dir(m.Paths.Disk)
+	for n := 1; n < 1<<20; n++ {
+		p := filepath.Join(dir, fmt.Sprintf("disk.%d.qcow2", n))
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no free overlay name in %s", dir)
 }
 
 // topNode returns the node name of the top image of the machine's disk.

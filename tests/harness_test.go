@@ -220,3 +220,5 @@ func (e *env) qemuProcesses() []int {
 	}
 	return pids
 }
+
+func jsonDecode(s string, v any) error { return json.Unmarshal([]byte(s), v) }

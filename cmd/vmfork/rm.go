@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
@@ -29,10 +30,13 @@ logs and RAM file. A template whose last child goes is removed as well. With
 		if err != nil {
 			return err
 		}
+		// Every name is tried; the first error decides the exit code.
 		removed := []string{}
+		var errs []error
 		for _, name := range cliCtx.Args().Slice() {
 			if err := mg.Remove(ctx, name, cliCtx.Bool("force")); err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
 			removed = append(removed, name)
 			if !cliCtx.Bool("json") {
@@ -40,8 +44,26 @@ logs and RAM file. A template whose last child goes is removed as well. With
 			}
 		}
 		if cliCtx.Bool("json") {
-			return printJSON(map[string]any{"removed": removed})
+			if err := printJSON(map[string]any{"removed": removed}); err != nil {
+				return err
+			}
 		}
-		return nil
+		return joinErrors(errs)
 	},
+}
+
+// joinErrors joins errors into one whose message stays on one line and which
+// still matches each of them with errors.Is; the first one leads.
+func joinErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return fmt.Errorf("%w (and: %s)", errs[0], strings.Join(msgs[1:], "; "))
 }
