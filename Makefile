@@ -35,6 +35,10 @@ unit:
 integration: deps build guest
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -count=1 -timeout 60m -v ./tests/...
 
+# Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
+bench: deps build guest
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
+
 test: deps vet unit integration
 
 clean:

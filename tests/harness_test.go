@@ -21,7 +21,7 @@ type guest struct {
 	Kernel, Initrd, Disk, KernelRelease string
 }
 
-func testGuest(t *testing.T) guest {
+func testGuest(t testing.TB) guest {
 	t.Helper()
 	dir := os.Getenv("VMFORK_GUEST")
 	if dir == "" {
@@ -43,14 +43,14 @@ func testGuest(t *testing.T) guest {
 // env is one test's vmfork installation: its own state and mem dirs, removed
 // with every QEMU process started in them when the test ends, pass or fail.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	bin      string
 	stateDir string
 	memDir   string
 	guest    guest
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	bin := os.Getenv("VMFORK_BIN")
 	if bin == "" {
