@@ -33,6 +33,7 @@ unit:
 
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest
+	@scripts/libvirtd.sh
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -count=1 -timeout 60m -v ./tests/...
 
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).

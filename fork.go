@@ -52,6 +52,8 @@ type ForkRequest struct {
 	Prefix      string
 	Parallel    int // children started at once; default 4
 	MaxChildren int // default DefaultMaxChildren
+	// Identity says how children get identities of their own (identity.go).
+	Identity IdentityOptions
 }
 
 // ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
@@ -73,6 +75,8 @@ type ChildResult struct {
 	// run; ReadyMS until its guest agent answers.
 	RunningMS float64 `json:"running_ms"`
 	ReadyMS   float64 `json:"ready_ms"`
+	// Identity is what the identity chain did in this child.
+	Identity *IdentityResult `json:"identity,omitempty"`
 }
 
 // ChildError is one child that did not come up.
@@ -116,6 +120,9 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
+	if err := req.Identity.Validate(); err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
 	log := mg.Log.WithField("machine", src.Name)
 	// The template directory has no record until the freeze, so nothing
 	// collects it; once it has one, the reserved children protect it.
@@ -147,7 +154,9 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
 	if live {
-		err = mg.freezeRunning(ctx, forker, src, tpl)
+		if err = mg.preFork(ctx, src, req.Identity); err == nil {
+			err = mg.freezeRunning(ctx, forker, src, tpl)
+		}
 	} else {
 		err = mg.freezeStopped(ctx, src, tpl)
 	}
@@ -162,7 +171,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 	log.WithFields(logrus.Fields{"template": tpl.ID, "pause_ms": tpl.PauseMS}).Info("source frozen")
 
 	res := &ForkResult{Source: src.Name, Template: tpl.ID, PauseMS: tpl.PauseMS, Children: []ChildResult{}}
-	results := mg.startChildren(ctx, forker, tpl, children, live, req.Parallel)
+	results := mg.startChildren(ctx, forker, tpl, children, live, req)
 	done()
 	for i, r := range results {
 		if r.err != nil {
@@ -332,7 +341,8 @@ type childOutcome struct {
 }
 
 // startChildren starts the children, at most parallel at once.
-func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Template, children []*Machine, live bool, parallel int) []childOutcome {
+func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Template, children []*Machine, live bool, req ForkRequest) []childOutcome {
+	parallel := req.Parallel
 	if parallel <= 0 {
 		parallel = 4
 	}
@@ -345,28 +355,42 @@ func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Templa
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = mg.startChild(ctx, forker, tpl, c, live)
+			out[i] = mg.startChild(ctx, forker, tpl, c, i+1, live, req.Identity)
 		}()
 	}
 	wg.Wait()
 	return out
 }
 
-func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, live bool) (o childOutcome) {
+// startChild starts child c, the index-th (from 1) of its fork, and gives it
+// its identity. A child whose identity chain fails is killed, or kept with its
+// network link down when opts say so; either way it counts as failed.
+func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, index int, live bool, opts IdentityOptions) (o childOutcome) {
 	log := mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": tpl.ID})
 	start := time.Now()
+	keep := false
 	defer func() {
-		if o.err != nil {
-			log.WithError(o.err).Warn("child failed")
-			if err := mg.Store.RemoveMachine(c.Name); err != nil {
-				log.WithError(err).Warn("could not remove the failed child's files")
-			}
+		if o.err == nil {
+			return
+		}
+		log.WithError(o.err).Warn("child failed")
+		if keep {
+			return
+		}
+		if c.PID != 0 {
+			mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+		}
+		if err := mg.Store.RemoveMachine(c.Name); err != nil {
+			log.WithError(err).Warn("could not remove the failed child's files")
 		}
 	}()
 	if tpl.Paths.Disk != "" {
 		if err := overlay.Create(ctx, tpl.Paths.Disk, c.Paths.Disk); err != nil {
 			return childOutcome{err: err}
 		}
+	}
+	if err := mg.prepareIdentity(c, tpl, index, opts); err != nil {
+		return childOutcome{err: err}
 	}
 	if live {
 		c.Paths.RAM, c.Paths.RAMShared = tpl.Paths.RAM, false
@@ -384,19 +408,16 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 	if err := mg.Store.SaveMachine(c); err != nil {
 		return childOutcome{err: err}
 	}
-	if live {
-		// A stopped source's children were already waited for by Start.
-		if err := mg.waitAgent(ctx, c); err != nil {
-			mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
-			return childOutcome{err: err}
-		}
+	result := ChildResult{Name: c.Name, PID: c.PID, State: c.State, Ports: c.Spec.Ports, RunningMS: ms(running)}
+	id, err := mg.applyIdentity(ctx, c, tpl, index, live, opts)
+	result.Identity = id
+	if err != nil {
+		keep = opts.KeepOnFailure
+		return childOutcome{ChildResult: result, err: fmt.Errorf("identity: %w", err)}
 	}
-	ready := time.Since(start)
-	log.WithFields(logrus.Fields{"running_ms": ms(running), "ready_ms": ms(ready)}).Info("child ready")
-	return childOutcome{ChildResult: ChildResult{
-		Name: c.Name, PID: c.PID, State: c.State, Ports: c.Spec.Ports,
-		RunningMS: ms(running), ReadyMS: ms(ready),
-	}}
+	result.ReadyMS = ms(time.Since(start))
+	log.WithFields(logrus.Fields{"running_ms": result.RunningMS, "ready_ms": result.ReadyMS}).Info("child ready")
+	return childOutcome{ChildResult: result}
 }
 
 // waitAgent waits until m's guest agent answers a ping.

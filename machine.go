@@ -161,11 +161,15 @@ type Paths struct {
 
 // Machine is a machine's record, kept in <state-dir>/machines/<name>/machine.json.
 type Machine struct {
-	Name     string    `json:"name"`
-	Driver   string    `json:"driver"`
-	State    State     `json:"state"`
-	PID      int       `json:"pid,omitempty"`
-	Accel    string    `json:"accel,omitempty"`
+	Name   string `json:"name"`
+	Driver string `json:"driver"`
+	State  State  `json:"state"`
+	PID    int    `json:"pid,omitempty"`
+	Accel  string `json:"accel,omitempty"`
+	// VMGenID is the vmgenid GUID to start with; empty means a fresh one
+	// (guid=auto). Fork children with a reproducible identity reuse their
+	// template's.
+	VMGenID  string    `json:"vmgenid,omitempty"`
 	Spec     Spec      `json:"spec"`
 	Paths    Paths     `json:"paths"`
 	Parent   string    `json:"parent,omitempty"`

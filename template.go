@@ -31,9 +31,11 @@ type Template struct {
 	// HasMemory is true while the template holds RAM and device state. Once
 	// no child maps its RAM they are removed, and only the frozen disk stays,
 	// as long as it is a layer in some machine's disk chain.
-	HasMemory bool     `json:"has_memory"`
-	Manifest  Manifest `json:"manifest"`
-	PauseMS   float64  `json:"pause_ms,omitempty"`
+	HasMemory bool `json:"has_memory"`
+	// VMGenID is the source's vmgenid GUID at the freeze.
+	VMGenID  string   `json:"vmgenid,omitempty"`
+	Manifest Manifest `json:"manifest"`
+	PauseMS  float64  `json:"pause_ms,omitempty"`
 }
 
 // TemplatePaths are a template's files. Disk is empty when the source had no

@@ -72,9 +72,15 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	add("-device", "virtio-serial-pci,id=vser0")
 	add("-chardev", "socket,id="+qgaID+",path="+optPath(m.Paths.QGA)+",server=on,wait=off")
 	add("-device", "virtserialport,chardev="+qgaID+",name="+agentPort+",id=qgaport0")
-	// Every machine gets a fresh GUID: the guest reseeds its CRNG when it
-	// changes, which is what a fork child needs (the GUID is not migrated).
-	add("-device", "vmgenid,id=vmgenid0,guid=auto")
+	// Every machine gets a fresh GUID unless told otherwise: the guest
+	// reseeds its CRNG when it changes, which is what a fork child needs
+	// (the GUID is not migrated). It is a backend, not a guest-visible
+	// device property: GuestVisible drops it.
+	guid := "auto"
+	if m.VMGenID != "" {
+		guid = m.VMGenID
+	}
+	add("-device", "vmgenid,id=vmgenid0,guid="+guid)
 	if opt.Incoming {
 		add("-incoming", "defer")
 	}
@@ -128,7 +134,11 @@ func GuestVisible(argv []string) []string {
 	for i := 0; i+1 < len(argv); i++ {
 		switch argv[i] {
 		case "-device", "-machine", "-cpu", "-smp", "-m", "-kernel", "-initrd", "-append":
-			out = append(out, argv[i]+" "+argv[i+1])
+			w := argv[i+1]
+			if strings.HasPrefix(w, "vmgenid,") {
+				w = "vmgenid,id=vmgenid0"
+			}
+			out = append(out, argv[i]+" "+w)
 		}
 	}
 	return out

@@ -129,6 +129,9 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		return nil, fmt.Errorf("set %s: %w", qmp.CapXIgnoreShared, err)
 	}
 	t.Manifest = manifestOf(src, mon.Greeting())
+	if t.VMGenID, err = mon.QueryVMGenerationID(ctx); err != nil {
+		return nil, fmt.Errorf("query vmgenid: %w", err)
+	}
 	t.Manifest.RAMSharedWithChildren = src.Paths.RAMShared
 	if src.Spec.Disk != "" {
 		if p.topNode, err = topNode(ctx, mon); err != nil {
@@ -292,6 +295,11 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 			return fmt.Errorf("load device state: %w", err)
 		}
 	}
+	// The child wakes with its source's MAC and addresses: keep it off the
+	// network until its identity chain has run (vmfork.LinkSetter).
+	if err := mon.SetLink(ctx, nicID, false); err != nil {
+		return fmt.Errorf("set link down: %w", err)
+	}
 	if err := mon.Cont(ctx); err != nil {
 		return fmt.Errorf("resume child: %w", err)
 	}
@@ -357,6 +365,21 @@ func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
 	}
 	if err := mon.Cont(ctx); err != nil && !errors.Is(err, qmp.ErrClosed) {
 		return err
+	}
+	return nil
+}
+
+var _ vmfork.LinkSetter = (*Driver)(nil)
+
+// SetLink implements vmfork.LinkSetter.
+func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error {
+	mon, err := qmp.Dial(ctx, m.Paths.QMP)
+	if err != nil {
+		return fmt.Errorf("set link: %w", err)
+	}
+	defer mon.Close()
+	if err := mon.SetLink(ctx, nicID, up); err != nil {
+		return fmt.Errorf("set link: %w", err)
 	}
 	return nil
 }

@@ -27,6 +27,12 @@ var globalFlags = []cli.Flag{
 		Value:   vmfork.DefaultMemDir,
 		EnvVars: []string{"VMFORK_MEM_DIR"},
 	},
+	&cli.StringFlag{
+		Name:    "connect",
+		Aliases: []string{"c"},
+		Usage:   "libvirt URI (e.g. qemu:///system): use the libvirt driver instead of the embedded QEMU driver",
+		EnvVars: []string{"LIBVIRT_DEFAULT_URI"},
+	},
 	&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print errors only on stderr"},
 	&cli.StringFlag{
 		Name:    "log-level",
@@ -65,14 +71,28 @@ func appContext(cliCtx *cli.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(cliCtx.Context)
 }
 
-// newManager opens the store and wires the embedded QEMU driver.
+// newLibvirtDriver is set by driver_libvirt.go, which only cgo builds have;
+// a CGO_ENABLED=0 build is a QEMU-only binary.
+var newLibvirtDriver func(uri string, log *logrus.Entry) (vmfork.Driver, error)
+
+// newManager opens the store and wires the driver: libvirt with --connect,
+// else the embedded QEMU driver.
 func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	store, err := vmfork.OpenStore(cliCtx.String("state-dir"), cliCtx.String("mem-dir"))
 	if err != nil {
 		return nil, err
 	}
 	log := logrus.NewEntry(logrus.StandardLogger())
-	return vmfork.NewManager(store, qemudrv.New(log), log), nil
+	var driver vmfork.Driver = qemudrv.New(log)
+	if uri := cliCtx.String("connect"); uri != "" {
+		if newLibvirtDriver == nil {
+			return nil, fmt.Errorf("--connect %s: this vmfork was built without libvirt support: %w", uri, vmfork.ErrUnsupported)
+		}
+		if driver, err = newLibvirtDriver(uri, log); err != nil {
+			return nil, err
+		}
+	}
+	return vmfork.NewManager(store, driver, log), nil
 }
 
 func printJSON(v any) error {
