@@ -2,16 +2,23 @@ package vmfork
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/vmfork/vmfork/overlay"
 )
 
 // collectTemplates removes what no machine needs any more. A template's RAM
 // and device state are needed while a child created from it exists and is not
-// stopped (it maps the RAM file); its frozen disk is needed while it is a
-// layer in any machine's disk chain, which is read from the qcow2 headers
-// themselves, not from records that a crash could have left stale.
+// stopped (it maps the RAM file). Its frozen disk is read by its children's
+// disk chains and by its source's (whose top was stacked on it at the fork);
+// chains are read from the qcow2 headers themselves, not from records that a
+// crash could have left stale. Once no child needs a template, the frozen disk
+// is taken out of the remaining chains (their data is copied up) and the
+// template goes.
 // Templates of a fork in progress are protected by their reserved children.
 func (mg *Manager) collectTemplates(ctx context.Context) {
 	ts, err := mg.Store.ListTemplates()
@@ -42,8 +49,23 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 			layers[filepath.Clean(l.Path)] = true
 		}
 	}
+	// Frozen disks under a template that children still use must stay:
+	// that template's disk is read-only and cannot be rebased.
+	needed := map[string]bool{}
 	for _, t := range ts {
-		if users[t.ID] > 0 {
+		if users[t.ID] == 0 || t.Paths.Disk == "" {
+			continue
+		}
+		chain, err := overlay.Chain(t.Paths.Disk)
+		if err != nil {
+			return
+		}
+		for _, l := range chain {
+			needed[filepath.Clean(l.Path)] = true
+		}
+	}
+	for _, t := range ts {
+		if users[t.ID] > 0 || (t.Paths.Disk != "" && needed[filepath.Clean(t.Paths.Disk)]) {
 			continue
 		}
 		log := mg.Log.WithField("template", t.ID)
@@ -58,9 +80,81 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 		if t.HasMemory {
 			if err := mg.Store.DropTemplateMemory(t); err != nil {
 				log.WithError(err).Warn("could not free template memory")
+			}
+		}
+		// Only the source's (or a sibling fork's) disk chain still reads the
+		// frozen disk: take it out of those chains, then remove it.
+		if mg.dropLayer(ctx, t.Paths.Disk, ms) {
+			if err := mg.Store.RemoveTemplate(t.ID); err != nil {
+				log.WithError(err).Warn("could not remove unused template")
 			} else {
-				log.Info("freed template memory; its disk stays as a layer")
+				log.Info("removed unused template")
 			}
 		}
 	}
+}
+
+// LayerDropper is the optional driver capability to take a layer out of a
+// running machine's disk chain, so that a template no child needs any more
+// can be removed although the source's disk was built on it.
+type LayerDropper interface {
+	DropLayer(ctx context.Context, m *Machine, layer string) error
+}
+
+// dropLayer takes the frozen disk layer out of every machine's chain that
+// includes it: through the driver for a running machine, with qemu-img for a
+// stopped one. It reports whether no chain needs the layer any more.
+func (mg *Manager) dropLayer(ctx context.Context, layer string, ms []*Machine) bool {
+	clear := true
+	for _, m := range ms {
+		if m.Spec.Disk == "" {
+			continue
+		}
+		chain, err := overlay.Chain(m.Paths.Disk)
+		if err != nil {
+			return false
+		}
+		k := -1
+		for i, l := range chain {
+			if i > 0 && filepath.Clean(l.Path) == filepath.Clean(layer) {
+				k = i
+			}
+		}
+		if k < 0 {
+			continue
+		}
+		log := mg.Log.WithFields(logrus.Fields{"machine": m.Name, "layer": layer})
+		// Never under another command's feet: skip a machine that is busy.
+		lctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		unlock, err := mg.Store.Lock(lctx, m.Name)
+		cancel()
+		if err != nil {
+			clear = false
+			continue
+		}
+		switch {
+		case m.State == StateStopped:
+			base := ""
+			if k+1 < len(chain) {
+				base = chain[k+1].Path
+			}
+			err = overlay.Rebase(ctx, m.Paths.Disk, base)
+		case m.Driver == mg.Driver.Name():
+			if d, ok := mg.Driver.(LayerDropper); ok {
+				err = d.DropLayer(ctx, m, layer)
+			} else {
+				err = fmt.Errorf("driver %q: %w", mg.Driver.Name(), ErrUnsupported)
+			}
+		default:
+			err = fmt.Errorf("machine belongs to driver %q", m.Driver)
+		}
+		unlock()
+		if err != nil {
+			log.WithError(err).Warn("could not take an unused template's disk out of the chain")
+			clear = false
+			continue
+		}
+		log.Info("disk chain no longer reads the template's disk")
+	}
+	return clear
 }

@@ -42,6 +42,22 @@ func CreateOn(ctx context.Context, backing string, format image.Type, size int64
 	return run(ctx, QemuImg, "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", string(format), path, fmt.Sprint(size))
 }
 
+// Rebase makes top stop reading through the layers between it and
+// newBacking: their data is copied into top (qemu-img's safe mode) and top's
+// backing becomes newBacking, or nothing when newBacking is empty. The image
+// must not be in use.
+func Rebase(ctx context.Context, top, newBacking string) error {
+	args := []string{"rebase", "-q", "-f", "qcow2", "-b", newBacking}
+	if newBacking != "" {
+		format, err := Format(newBacking)
+		if err != nil {
+			return err
+		}
+		args = append(args, "-F", string(format))
+	}
+	return run(ctx, QemuImg, append(args, top)...)
+}
+
 // Format returns the image format of path ("qcow2", "raw", ...).
 func Format(path string) (image.Type, error) {
 	f, err := os.Open(path)

@@ -157,16 +157,21 @@ func TestForkRunning(t *testing.T) {
 		}
 	}
 
-	// Removing every child frees the template's memory; the source runs on.
+	// Removing every child removes the template; the source runs on, its
+	// disk no longer built on the template's frozen disk.
 	e.ok(append([]string{"rm"}, names...)...)
 	if _, err := os.Stat(tplRAM); !os.IsNotExist(err) {
 		t.Errorf("template RAM file still there after its last child was removed: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.stateDir, "templates", res.Template, "devstate")); !os.IsNotExist(err) {
-		t.Errorf("template device state still there after its last child was removed: %v", err)
+	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "templates", "*")); len(left) != 0 {
+		t.Errorf("templates left after the last child was removed: %v", left)
 	}
-	if got := e.exec("src", "cat", "/data/parent-after"); got != "parent\n" {
+	if got := e.exec("src", "cat", "/data/parent-after", "/data/unsynced"); got != "parent\nunsynced-data\n" {
 		t.Errorf("source lost its data: %q", got)
+	}
+	e.exec("src", "sh", "-c", "echo later > /data/later; sync")
+	if got := e.exec("src", "cat", "/data/later"); got != "later\n" {
+		t.Errorf("source cannot write after its template went: %q", got)
 	}
 	e.ok("rm", "src")
 	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "templates", "*")); len(left) != 0 {
