@@ -17,8 +17,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// QemuImg is the qemu-img binary to run; tests may point it at a stub.
-var QemuImg = "qemu-img"
+// qemuImg is the qemu-img binary to run: $VMFORK_QEMU_IMG, or qemu-img on
+// the PATH (tests point the variable at a stub).
+func qemuImg() string {
+	if p := os.Getenv("VMFORK_QEMU_IMG"); p != "" {
+		return p
+	}
+	return "qemu-img"
+}
 
 // Create makes a qcow2 overlay at path on top of backing. The backing image's
 // format is read from its header, not guessed by QEMU (7.2 refuses an overlay
@@ -31,7 +37,7 @@ func Create(ctx context.Context, backing, path string) error {
 	if _, err := os.Lstat(path); err == nil {
 		return fmt.Errorf("create overlay %s: %w", path, os.ErrExist)
 	}
-	return run(ctx, QemuImg, "create", "-q", "-f", "qcow2", "-b", backing, "-F", string(format), path)
+	return run(ctx, qemuImg(), "create", "-q", "-f", "qcow2", "-b", backing, "-F", string(format), path)
 }
 
 // CreateOn makes a qcow2 overlay at path whose backing file is recorded as
@@ -39,7 +45,7 @@ func Create(ctx context.Context, backing, path string) error {
 // running QEMU. A fork uses this to prepare a running machine's next top
 // layer before it pauses the machine. size is the virtual size in bytes.
 func CreateOn(ctx context.Context, backing string, format image.Type, size int64, path string) error {
-	return run(ctx, QemuImg, "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", string(format), path, fmt.Sprint(size))
+	return run(ctx, qemuImg(), "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", string(format), path, fmt.Sprint(size))
 }
 
 // Rebase makes top stop reading through the layers between it and
@@ -55,7 +61,7 @@ func Rebase(ctx context.Context, top, newBacking string) error {
 		}
 		args = append(args, "-F", string(format))
 	}
-	return run(ctx, QemuImg, append(args, top)...)
+	return run(ctx, qemuImg(), append(args, top)...)
 }
 
 // Format returns the image format of path ("qcow2", "raw", ...).

@@ -89,16 +89,3 @@ func qemuBinary() (string, error) {
 	}
 	return p, nil
 }
-
-// qemuImgBinary finds qemu-img; VMFORK_QEMU_IMG overrides it.
-func qemuImgBinary() (string, error) {
-	name := "qemu-img"
-	if v := os.Getenv("VMFORK_QEMU_IMG"); v != "" {
-		name = v
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("find qemu-img: %w (install qemu-utils)", err)
-	}
-	return p, nil
-}
