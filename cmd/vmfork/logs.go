@@ -16,6 +16,7 @@ var logsCommand = &cli.Command{
 QEMU's own log instead: its command line and its error messages.`,
 	Flags: []cli.Flag{
 		&cli.BoolFlag{Name: "qemu", Usage: "print QEMU's log instead of the guest console"},
+		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 1 {
@@ -40,6 +41,13 @@ QEMU's own log instead: its command line and its error messages.`,
 			return fmt.Errorf("logs %q: %w", m.Name, err)
 		}
 		defer f.Close()
+		if cliCtx.Bool("json") {
+			data, err := io.ReadAll(f)
+			if err != nil {
+				return fmt.Errorf("logs %q: %w", m.Name, err)
+			}
+			return printJSON(map[string]string{"name": m.Name, "path": path, "log": string(data)})
+		}
 		_, err = io.Copy(os.Stdout, f)
 		return err
 	},
