@@ -91,9 +91,6 @@ type ChildError struct {
 // Everything that can be checked is checked before the source is paused.
 // When some children fail the others stay, and the error wraps ErrPartial.
 func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, error) {
-	if err := ValidateName(req.Source); err != nil {
-		return nil, fmt.Errorf("fork: %w", err)
-	}
 	forker, ok := mg.Driver.(Forker)
 	if !ok {
 		return nil, fmt.Errorf("fork %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
@@ -101,81 +98,44 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 	if err := mg.Recover(ctx); err != nil {
 		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
 	}
+	if err := ValidateName(req.Source); err != nil {
+		return nil, fmt.Errorf("fork: %w", err)
+	}
 	unlock, err := mg.Store.Lock(ctx, req.Source)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	defer unlock()
-	src, err := mg.Get(ctx, req.Source)
+	src, names, err := mg.checkFork(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("fork: %w", err)
+		return nil, err
 	}
-	if src.Driver != mg.Driver.Name() {
-		return nil, fmt.Errorf("fork %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
-	}
-	if src.State != StateRunning && src.State != StateStopped {
-		return nil, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
-	}
-	names, err := mg.childNames(req)
-	if err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	if err := req.Identity.Validate(); err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	log := mg.Log.WithField("machine", src.Name)
-	// The template directory has no record until the freeze, so nothing
-	// collects it; once it has one, the reserved children protect it.
-	tpl, err := mg.Store.NewTemplate(src.Name)
+	f, err := mg.prepareFork(src, names)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
-	}
-	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
-	// The journal entry lives for the whole fork: if this process dies, the
-	// next command resumes the source and removes children never finished.
-	done, err := mg.Store.journal(journalEntry{Op: "fork", Source: src.Name, Template: tpl.ID, Machines: names})
-	if err != nil {
-		mg.Store.RemoveTemplate(tpl.ID)
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	children, err := mg.reserve(src, tpl, names)
-	if err != nil {
-		done()
-		mg.Store.RemoveTemplate(tpl.ID)
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	live := src.State == StateRunning
-	// Recorded once children protect it, so that a failure below leaves it
-	// to collectTemplates, which keeps its disk only if a chain needs it.
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
-		mg.release(children)
-		done()
-		mg.Store.RemoveTemplate(tpl.ID)
-		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
-	}
 	if live {
 		if err = mg.preFork(ctx, src, req.Identity); err == nil {
-			err = mg.freezeRunning(ctx, forker, src, tpl)
+			err = mg.freezeRunning(ctx, forker, src, f.tpl)
 		}
 	} else {
-		err = mg.freezeStopped(ctx, src, tpl)
+		err = mg.freezeStopped(ctx, src, f.tpl)
 	}
 	if err != nil {
-		mg.release(children)
-		if !errors.Is(err, ErrStillPaused) {
-			done() // else keep the evidence: the next command retries the resume
-		}
-		mg.collectTemplates(ctx)
+		// A source still paused keeps its journal entry: the next command
+		// retries the resume.
+		f.abort(ctx, !errors.Is(err, ErrStillPaused))
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
-	log.WithFields(logrus.Fields{"template": tpl.ID, "pause_ms": tpl.PauseMS}).Info("source frozen")
+	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Info("source frozen")
 
-	res := &ForkResult{Source: src.Name, Template: tpl.ID, PauseMS: tpl.PauseMS, Children: []ChildResult{}}
-	results := mg.startChildren(ctx, forker, tpl, children, live, req)
-	done()
+	res := &ForkResult{Source: src.Name, Template: f.tpl.ID, PauseMS: f.tpl.PauseMS, Children: []ChildResult{}}
+	results := mg.startChildren(ctx, forker, f.tpl, f.children, live, req)
+	f.done()
 	for i, r := range results {
 		if r.err != nil {
-			res.Failed = append(res.Failed, ChildError{Name: children[i].Name, Error: r.err.Error()})
+			res.Failed = append(res.Failed, ChildError{Name: f.children[i].Name, Error: r.err.Error()})
 			continue
 		}
 		res.Children = append(res.Children, r.ChildResult)
@@ -188,8 +148,79 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 		return res, fmt.Errorf("fork %q: no child came up: %s", src.Name, failedSummary(res.Failed))
 	default:
 		return res, fmt.Errorf("fork %q: %d of %d children came up; failed: %s: %w",
-			src.Name, len(res.Children), len(children), failedSummary(res.Failed), ErrPartial)
+			src.Name, len(res.Children), len(f.children), failedSummary(res.Failed), ErrPartial)
 	}
+}
+
+// checkFork validates everything about a fork that can be checked before
+// anything is created or paused, and returns the source and the children's
+// names. The caller holds the source's lock.
+func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (*Machine, []string, error) {
+	src, err := mg.Get(ctx, req.Source)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fork: %w", err)
+	}
+	if src.Driver != mg.Driver.Name() {
+		return nil, nil, fmt.Errorf("fork %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
+	}
+	if src.State != StateRunning && src.State != StateStopped {
+		return nil, nil, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
+	}
+	names, err := mg.childNames(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	if err := req.Identity.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	return src, names, nil
+}
+
+// forkInProgress is what a fork has created before its children start.
+type forkInProgress struct {
+	mg       *Manager
+	tpl      *Template
+	children []*Machine
+	done     func() // removes the journal entry
+}
+
+// prepareFork creates the template's directory, the journal entry and the
+// children's records, in that order, and saves the template's record last:
+// from then on the reserved children protect it from collectTemplates.
+func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, error) {
+	tpl, err := mg.Store.NewTemplate(src.Name)
+	if err != nil {
+		return nil, err
+	}
+	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
+	f := &forkInProgress{mg: mg, tpl: tpl, done: func() {}}
+	// The journal entry lives for the whole fork: if this process dies, the
+	// next command resumes the source and removes unfinished children.
+	if f.done, err = mg.Store.journal(journalEntry{Op: "fork", Source: src.Name, Template: tpl.ID, Machines: names}); err != nil {
+		mg.Store.RemoveTemplate(tpl.ID)
+		return nil, err
+	}
+	if f.children, err = mg.reserve(src, tpl, names); err == nil {
+		err = mg.Store.SaveTemplate(tpl)
+	}
+	if err != nil {
+		mg.release(f.children)
+		f.done()
+		mg.Store.RemoveTemplate(tpl.ID)
+		return nil, err
+	}
+	return f, nil
+}
+
+// abort undoes a fork whose freeze failed. The template goes through
+// collectTemplates, which keeps its disk only if the source's chain now
+// needs it.
+func (f *forkInProgress) abort(ctx context.Context, clearJournal bool) {
+	f.mg.release(f.children)
+	if clearJournal {
+		f.done()
+	}
+	f.mg.collectTemplates(ctx)
 }
 
 func failedSummary(fs []ChildError) string {
