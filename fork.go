@@ -83,6 +83,8 @@ type ChildResult struct {
 type ChildError struct {
 	Name  string `json:"name"`
 	Error string `json:"error"`
+	// Identity is what the identity chain did, when the child got that far.
+	Identity *IdentityResult `json:"identity,omitempty"`
 }
 
 // Fork turns Source into N+1 machines. A running source is paused for a
@@ -135,7 +137,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 	f.done()
 	for i, r := range results {
 		if r.err != nil {
-			res.Failed = append(res.Failed, ChildError{Name: f.children[i].Name, Error: r.err.Error()})
+			res.Failed = append(res.Failed, ChildError{Name: f.children[i].Name, Error: r.err.Error(), Identity: r.Identity})
 			continue
 		}
 		res.Children = append(res.Children, r.ChildResult)
@@ -157,6 +159,13 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 // names. The caller holds the source's lock.
 func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (*Machine, []string, error) {
 	src, err := mg.Get(ctx, req.Source)
+	if errors.Is(err, ErrNotFound) {
+		// A machine vmfork did not make, such as an existing libvirt
+		// domain, can be forked when the driver can adopt it (adopt.go).
+		if a, ok := mg.Driver.(Adopter); ok {
+			src, err = mg.adopt(ctx, a, req.Source)
+		}
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("fork: %w", err)
 	}
@@ -170,7 +179,7 @@ func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (*Machine, []
 	if err != nil {
 		return nil, nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	if err := req.Identity.Validate(); err != nil {
+	if err := req.Identity.ValidateFor(len(names)); err != nil {
 		return nil, nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	return src, names, nil
@@ -193,6 +202,9 @@ func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, e
 		return nil, err
 	}
 	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
+	if src.Spec.Disk == "" {
+		tpl.Paths.Disk = "" // a diskless source freezes no disk
+	}
 	f := &forkInProgress{mg: mg, tpl: tpl, done: func() {}}
 	// The journal entry lives for the whole fork: if this process dies, the
 	// next command resumes the source and removes unfinished children.

@@ -2,48 +2,198 @@ package vmfork
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/customize"
 )
 
 // IdentityOptions say how fork children get identities of their own. The
 // zero value is the default: a fresh identity through the default chain.
 type IdentityOptions struct {
+	// Spec configures the identity chain; customize.LoadSpec reads one
+	// from a file. Its zero value is the default chain.
+	Spec customize.Spec
 	// KeepOnFailure keeps a child whose identity chain failed, with its
 	// network link down, instead of killing it.
 	KeepOnFailure bool
+	// Edit, if set, edits each child's chain after the spec has built it,
+	// for steps of the caller's own.
+	Edit func(customize.Chain) customize.Chain
 }
 
 // Validate checks the options before anything is paused.
-func (o IdentityOptions) Validate() error { return nil }
-
-// IdentityResult is what the identity chain did in one child.
-type IdentityResult struct{}
-
-// preFork runs the source's pre-fork hooks before it is frozen.
-func (mg *Manager) preFork(ctx context.Context, src *Machine, opts IdentityOptions) error {
+func (o IdentityOptions) Validate() error {
+	if err := o.Spec.Validate(); err != nil {
+		return fmt.Errorf("identity: %w", asInvalid(err))
+	}
 	return nil
 }
 
-// prepareIdentity sets what a child's identity needs before its QEMU starts.
-func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts IdentityOptions) error {
+// ValidateFor checks the options for a fork of n children.
+func (o IdentityOptions) ValidateFor(n int) error {
+	if err := o.Spec.ValidateFor(n); err != nil {
+		return fmt.Errorf("identity: %w", asInvalid(err))
+	}
 	return nil
+}
+
+// IdentityResult is what the identity chain did in one child: its mode, new
+// MAC, hostname, addresses and machine-id, and each step's outcome.
+type IdentityResult = customize.Result
+
+// preFork runs the source's pre-fork hooks before it is frozen. Nothing is
+// paused yet, so a failure here changes nothing.
+func (mg *Manager) preFork(ctx context.Context, src *Machine, opts IdentityOptions) error {
+	agent := customize.NewLazyAgent(mg.agentDialer(src))
+	defer agent.Close()
+	env := &customize.Env{Agent: agent, Child: customize.Child{Name: src.Name}}
+	res, err := customize.Run(ctx, opts.Spec.PreForkChain(), env)
+	mg.logSteps(src, res)
+	if errors.Is(err, customize.ErrNoAgent) {
+		// Hooks are optional and unknowable without an agent; the
+		// children's own chains will report an agent that does not answer.
+		mg.Log.WithField("machine", src.Name).WithError(err).Warn("pre-fork hooks not run: the guest agent does not answer")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pre-fork: %w", err)
+	}
+	return nil
+}
+
+// prepareIdentity sets what a child's identity needs before its QEMU starts:
+// its vmgenid GUID (a new one, or the template's for a reproducible
+// identity) and the MAC the guest is to take. The MAC in QEMU's NIC
+// configuration stays the template's: the saved device state must match it.
+func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts IdentityOptions) error {
+	if opts.Spec.Mode() == customize.ModeReproducible && tpl.HasMemory {
+		if tpl.VMGenID == "" {
+			return fmt.Errorf("identity reproducible: template %q recorded no vmgenid", tpl.ID)
+		}
+		c.VMGenID = tpl.VMGenID
+	} else {
+		// Chosen here rather than left to guid=auto, so that the identity
+		// chain can check it differs from the template's and report it.
+		c.VMGenID = newUUID()
+	}
+	// The MAC follows from the template, so siblings never share one.
+	seed := fmt.Sprintf("%s\x00%s\x00%s", tpl.ID, tpl.Created.Format(time.RFC3339Nano), tpl.VMGenID)
+	c.GuestMAC = customize.ChildMAC([]byte(seed), index, mg.inheritedMACs(c, tpl)...)
+	return nil
+}
+
+// inheritedMACs are the MACs child c's guest may have at its first instant:
+// its template's configured one and the one its source's chain chose.
+func (mg *Manager) inheritedMACs(c *Machine, tpl *Template) []string {
+	macs := []string{tpl.Spec.MAC}
+	if src, err := mg.Store.LoadMachine(c.Parent); err == nil && src.GuestMAC != "" {
+		macs = append(macs, src.GuestMAC)
+	}
+	return macs
 }
 
 // applyIdentity gives running child c its identity and lets it onto the
 // network. A live child starts with its NIC link down (the driver sees to
-// that); the link goes up only once the chain has finished.
+// that); the link goes up only once the chain has finished. A child whose
+// chain failed is left with its link down.
 func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template, index int, live bool, opts IdentityOptions) (*IdentityResult, error) {
-	if err := mg.waitAgent(ctx, c); err != nil {
+	spec := opts.Spec
+	if spec.Network.Mode == "" && len(spec.Network.Addresses) == 0 && len(c.Spec.Ports) > 0 {
+		// Port forwards exist only on QEMU's user network, a network of
+		// the child's own, and point at the guest's first DHCP address.
+		// A renew with the new MAC would get the next one and leave the
+		// forwards pointing at nobody, so such a child keeps its address.
+		spec.Network.Mode = customize.NetworkNone
+	}
+	chain, err := spec.Chain()
+	if err != nil {
 		return nil, err
 	}
 	if !live {
-		return nil, nil
+		chain = customize.Booted(chain)
 	}
-	ls, ok := mg.Driver.(LinkSetter)
-	if !ok {
-		return nil, fmt.Errorf("driver %q cannot set a NIC link: %w", mg.Driver.Name(), ErrUnsupported)
+	if opts.Edit != nil {
+		chain = opts.Edit(chain)
 	}
-	return nil, ls.SetLink(ctx, c, true)
+	agent := customize.NewLazyAgent(mg.agentDialer(c))
+	defer agent.Close()
+	env := &customize.Env{
+		Agent: agent,
+		Child: customize.Child{
+			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,
+			Mode: spec.Mode(), MAC: c.GuestMAC, OldMACs: mg.inheritedMACs(c, tpl),
+			VMGenID: c.VMGenID, TemplateVMGenID: tpl.VMGenID,
+		},
+	}
+	var ls LinkSetter
+	if live {
+		var ok bool
+		if ls, ok = mg.Driver.(LinkSetter); !ok {
+			return nil, fmt.Errorf("driver %q cannot set a NIC link: %w", mg.Driver.Name(), ErrUnsupported)
+		}
+		env.Link = customize.LinkFunc(func(ctx context.Context, up bool) error { return ls.SetLink(ctx, c, up) })
+	}
+	res, err := customize.Run(ctx, chain, env)
+	mg.logSteps(c, res)
+	c.Identity = res
+	if err != nil {
+		if ls != nil {
+			// The network step raises the link early for DHCP; a child
+			// whose identity is incomplete goes back off the network.
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			if lerr := ls.SetLink(lctx, c, false); lerr != nil {
+				err = fmt.Errorf("%w; and setting the link down failed: %v", err, lerr)
+			}
+			cancel()
+		}
+		if serr := mg.Store.SaveMachine(c); serr != nil {
+			mg.Log.WithField("machine", c.Name).WithError(serr).Warn("could not record the identity result")
+		}
+		return res, err
+	}
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return res, err
+	}
+	if ls != nil {
+		if err := ls.SetLink(ctx, c, true); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// agentDialer connects to m's guest agent under the context of the step
+// that first needs it, so the step's timeout bounds the wait.
+func (mg *Manager) agentDialer(m *Machine) func(context.Context) (customize.Agent, error) {
+	return func(ctx context.Context) (customize.Agent, error) {
+		a, err := mg.Driver.Agent(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		return a, nil
+	}
+}
+
+func (mg *Manager) logSteps(m *Machine, res *IdentityResult) {
+	log := mg.Log.WithField("machine", m.Name)
+	for _, s := range res.Steps {
+		log.WithFields(logrus.Fields{"step": s.Name, "status": s.Status, "elapsed_ms": s.DurationMS, "detail": s.Detail}).Debug("identity step")
+	}
+}
+
+// newUUID returns a random (version 4) UUID, the form QEMU's vmgenid guid
+// takes.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 // LinkSetter is the optional driver capability to switch a machine's NIC

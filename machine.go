@@ -169,10 +169,17 @@ type Machine struct {
 	// VMGenID is the vmgenid GUID to start with; empty means a fresh one
 	// (guid=auto). Fork children with a reproducible identity reuse their
 	// template's.
-	VMGenID  string    `json:"vmgenid,omitempty"`
-	Spec     Spec      `json:"spec"`
-	Paths    Paths     `json:"paths"`
-	Parent   string    `json:"parent,omitempty"`
-	Template string    `json:"template,omitempty"`
-	Created  time.Time `json:"created"`
+	VMGenID string `json:"vmgenid,omitempty"`
+	// GuestMAC is the MAC a fork child's identity chain gives the guest.
+	// Spec.MAC stays the template's: it is part of the device configuration
+	// the saved state must match, and QEMU's receive filter follows the
+	// guest's choice.
+	GuestMAC string `json:"guest_mac,omitempty"`
+	// Identity is what the identity chain did in a fork child.
+	Identity *IdentityResult `json:"identity,omitempty"`
+	Spec     Spec            `json:"spec"`
+	Paths    Paths           `json:"paths"`
+	Parent   string          `json:"parent,omitempty"`
+	Template string          `json:"template,omitempty"`
+	Created  time.Time       `json:"created"`
 }

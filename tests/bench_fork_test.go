@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +31,8 @@ type forkBenchRow struct {
 	ReadyMS     float64 `json:"child_ready_ms"`
 	FloorMS     float64 `json:"floor_ms"`
 	DiskAtBirth int64   `json:"child_disk_at_birth_bytes"`
+	// IdentityMS is the identity chain's time per step, by step name.
+	IdentityMS map[string]float64 `json:"identity_step_ms"`
 }
 
 // BenchmarkFork forks a running test guest (256 MiB) one child per round and,
@@ -54,10 +57,14 @@ func BenchmarkFork(b *testing.B) {
 		name := "c" + strconv.Itoa(i)
 		var row forkBenchRow
 		fork := func() {
-			var res forkJSON
+			var res forkIDJSON
 			e.jsonOK(&res, "fork", "src", name)
 			c := res.Children[0]
 			row.PauseMS, row.RunningMS, row.ReadyMS = res.PauseMS, c.RunningMS, c.ReadyMS
+			row.IdentityMS = map[string]float64{}
+			for _, s := range c.Identity.Steps {
+				row.IdentityMS[s.Name] = s.DurationMS
+			}
 			children = append(children, c.PID)
 			n, err := overlay.AllocatedBytes(filepath.Join(e.stateDir, "machines", name, "disk.qcow2"))
 			if err != nil {
@@ -125,6 +132,12 @@ func BenchmarkFork(b *testing.B) {
 	fmt.Printf("%-34s %10s\n", "source RSS", fmt.Sprintf("%.1f MiB", srcRSS))
 	fmt.Printf("%-34s %10s\n", "child PSS / source RSS", fmt.Sprintf("%.2f", childPSS/srcRSS))
 	fmt.Printf("%-34s %10s\n", "child disk at birth", fmt.Sprintf("%.0f KiB", disk))
+	fmt.Printf("identity chain, per step:\n")
+	for _, st := range rows[0].Identity() {
+		v := col(func(r forkBenchRow) float64 { return r.IdentityMS[st] })
+		b.ReportMetric(v, "id-"+strings.TrimPrefix(st, "vmfork.")+"-ms")
+		fmt.Printf("%-34s %10s\n", "  "+st, fmt.Sprintf("%.1f ms", v))
+	}
 
 	if out := os.Getenv("VMFORK_BENCH_JSON"); out != "" {
 		data, _ := json.MarshalIndent(map[string]any{
@@ -136,6 +149,17 @@ func BenchmarkFork(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// Identity returns the identity steps of a row in chain order.
+func (r forkBenchRow) Identity() []string {
+	var names []string
+	for n := range r.IdentityMS {
+		names = append(names, n)
+	}
+	order := []string{"vmfork.agent", "vmfork.clock", "vmfork.rng", "vmfork.hostname", "vmfork.machine-id", "vmfork.ssh-host-keys", "vmfork.network", "vmfork.hooks"}
+	slices.SortFunc(names, func(a, b string) int { return slices.Index(order, a) - slices.Index(order, b) })
+	return names
 }
 
 func median(v []float64) float64 {

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/customize"
 )
 
 var forkCommand = &cli.Command{
@@ -29,13 +32,41 @@ Children are named NAME... or, with --count, PREFIX-1, PREFIX-2, ... (the next
 free numbers; PREFIX defaults to SOURCE). When only some children come up,
 those stay, the failures are listed and the exit code is 3.
 
+IDENTITY: before a child goes onto the network it gets an identity of its own,
+through the guest agent: clock stepped to host time, kernel RNG reseeded (a
+new vmgenid), hostname, machine-id, SSH host keys, a new MAC and then DHCP or
+a static address, then the guest's /etc/vmfork/post-fork.d hooks. Its NIC
+link is down until then (DHCP raises it once the MAC is new). Before the
+freeze, the source's /etc/vmfork/pre-fork.d hooks run. --identity
+reproducible keeps the template's vmgenid, clock and RNG state in every child.
+A child whose identity fails is killed (or kept, link down, with
+--on-identity-failure keep) and counts as failed. --customize FILE reads a
+spec (YAML or JSON: identity, hostname, network, skip, timeouts, steps,
+on_failure); the flags below override it. Steps: vmfork.agent, vmfork.clock,
+vmfork.rng, vmfork.hostname, vmfork.machine-id, vmfork.ssh-host-keys,
+vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
+
    vmfork fork web --count 3
-   vmfork fork web try-a try-b --json`,
+   vmfork fork web try-a try-b --json
+   vmfork fork web -n 3 --hostname 'web-{n}' --address 10.0.2.21/24 \
+       --address 10.0.2.22/24 --address 10.0.2.23/24 --skip-step vmfork.ssh-host-keys
+   vmfork fork web -n 2 --customize identity.yaml --identity reproducible`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "number of children (default 1, or the number of NAMEs)"},
 		&cli.StringFlag{Name: "prefix", Usage: "name children PREFIX-1, PREFIX-2, ... (default SOURCE)"},
 		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "children started at once", Value: 4},
 		&cli.IntFlag{Name: "max-children", Usage: "refuse a fork of more children than this", Value: vmfork.DefaultMaxChildren, EnvVars: []string{"VMFORK_MAX_CHILDREN"}},
+		&cli.StringFlag{Name: "customize", Usage: "read the identity spec from `FILE` (YAML, or JSON if it ends in .json)"},
+		&cli.StringFlag{Name: "identity", Usage: "fresh (new vmgenid, clock and RNG) or reproducible (the template's)", DefaultText: "fresh"},
+		&cli.StringFlag{Name: "hostname", Usage: "hostname `PATTERN`: {n} the child's index, {name} its name, {parent} the source's", DefaultText: "{name}"},
+		&cli.StringFlag{Name: "network", Usage: "dhcp, static (with --address) or none (only a new MAC)", DefaultText: "dhcp; none for a source with port forwards, whose forwards point at its address"},
+		&cli.StringSliceFlag{Name: "address", Usage: "static address `CIDR` for the next child, in order; repeatable"},
+		&cli.StringFlag{Name: "gateway", Usage: "default gateway `IP` for static addresses"},
+		&cli.StringSliceFlag{Name: "dns", Usage: "name server `IP` for static addresses; repeatable"},
+		&cli.StringSliceFlag{Name: "skip-step", Usage: "do not run the identity step `NAME`; repeatable"},
+		&cli.StringSliceFlag{Name: "step-timeout", Usage: "bound identity step NAME to a duration, as `NAME=DURATION`; repeatable"},
+		&cli.StringSliceFlag{Name: "extra-step", Usage: "copy host script FILE into each child and run it as step NAME (namespaced, e.g. acme.setup) at the end, as `NAME=FILE`; repeatable"},
+		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
@@ -55,6 +86,10 @@ those stay, the failures are listed and the exit code is 3.
 		}
 		if req.Count == 0 && len(req.Names) == 0 {
 			req.Count = 1
+		}
+		var err error
+		if req.Identity, err = identityOptions(cliCtx); err != nil {
+			return err
 		}
 		ctx, cancel := appContext(cliCtx)
 		defer cancel()
@@ -80,16 +115,94 @@ those stay, the failures are listed and the exit code is 3.
 func printFork(res *vmfork.ForkResult) {
 	fmt.Printf("forked %s at template %s (source paused %.1f ms)\n", res.Source, res.Template, res.PauseMS)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHILD\tSTATE\tPID\tRUNNING\tREADY\tPORTS")
+	fmt.Fprintln(tw, "CHILD\tSTATE\tPID\tRUNNING\tREADY\tPORTS\tHOSTNAME\tMAC\tADDRESSES")
 	for _, c := range res.Children {
 		var ports []string
 		for _, p := range c.Ports {
 			ports = append(ports, p.String())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f ms\t%.0f ms\t%s\n", c.Name, c.State, c.PID, c.RunningMS, c.ReadyMS, orDash(strings.Join(ports, ",")))
+		host, mac, addrs := "-", "-", "-"
+		if id := c.Identity; id != nil {
+			host, mac, addrs = orDash(id.Hostname), orDash(id.MAC), orDash(strings.Join(id.Addresses, ","))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f ms\t%.0f ms\t%s\t%s\t%s\t%s\n", c.Name, c.State, c.PID, c.RunningMS, c.ReadyMS,
+			orDash(strings.Join(ports, ",")), host, mac, addrs)
 	}
 	for _, f := range res.Failed {
 		fmt.Fprintf(tw, "%s\tfailed\t-\t-\t-\t%s\n", f.Name, f.Error)
 	}
 	tw.Flush()
+}
+
+// identityOptions builds the identity options from --customize and the
+// flags that override it. Every bad value is a usage error, found before
+// anything is paused.
+func identityOptions(cliCtx *cli.Context) (vmfork.IdentityOptions, error) {
+	var opts vmfork.IdentityOptions
+	spec := &opts.Spec
+	if f := cliCtx.String("customize"); f != "" {
+		s, err := customize.LoadSpec(f)
+		if err != nil {
+			return opts, usageError{fmt.Errorf("--customize: %w", err)}
+		}
+		*spec = s
+	}
+	if cliCtx.IsSet("identity") {
+		m, err := customize.ParseMode(cliCtx.String("identity"))
+		if err != nil {
+			return opts, usageError{fmt.Errorf("--identity: %w", err)}
+		}
+		spec.Identity = m
+	}
+	if cliCtx.IsSet("hostname") {
+		spec.Hostname = cliCtx.String("hostname")
+	}
+	if addrs := cliCtx.StringSlice("address"); len(addrs) > 0 {
+		spec.Network.Mode, spec.Network.Addresses = customize.NetworkStatic, addrs
+	}
+	if cliCtx.IsSet("network") {
+		spec.Network.Mode = customize.NetworkMode(cliCtx.String("network"))
+	}
+	if cliCtx.IsSet("gateway") {
+		spec.Network.Gateway = cliCtx.String("gateway")
+	}
+	if dns := cliCtx.StringSlice("dns"); len(dns) > 0 {
+		spec.Network.DNS = dns
+	}
+	spec.Skip = append(spec.Skip, cliCtx.StringSlice("skip-step")...)
+	for _, kv := range cliCtx.StringSlice("step-timeout") {
+		name, v, ok := strings.Cut(kv, "=")
+		d, err := time.ParseDuration(v)
+		if !ok || err != nil || d <= 0 {
+			return opts, usageError{fmt.Errorf("--step-timeout %q: want NAME=DURATION, such as vmfork.agent=5s", kv)}
+		}
+		if spec.Timeouts == nil {
+			spec.Timeouts = map[string]customize.Duration{}
+		}
+		spec.Timeouts[name] = customize.Duration(d)
+	}
+	for _, kv := range cliCtx.StringSlice("extra-step") {
+		name, file, ok := strings.Cut(kv, "=")
+		if !ok || file == "" {
+			return opts, usageError{fmt.Errorf("--extra-step %q: want NAME=FILE, such as acme.setup=./setup.sh", kv)}
+		}
+		abs, err := filepath.Abs(file)
+		if err != nil {
+			return opts, usageError{fmt.Errorf("--extra-step %q: %w", kv, err)}
+		}
+		spec.Steps = append(spec.Steps, customize.ScriptSpec{Name: name, Script: abs})
+	}
+	opts.KeepOnFailure = spec.KeepOnFailure()
+	if cliCtx.IsSet("on-identity-failure") {
+		switch v := cliCtx.String("on-identity-failure"); v {
+		case "kill", "keep":
+			opts.KeepOnFailure = v == "keep"
+		default:
+			return opts, usageError{fmt.Errorf("--on-identity-failure %q: want kill or keep", v)}
+		}
+	}
+	if err := opts.Validate(); err != nil {
+		return opts, usageError{err}
+	}
+	return opts, nil
 }

@@ -1,0 +1,356 @@
+package customize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/vmfork/vmfork/qmp"
+)
+
+// Agent is what the steps need of a guest agent. *qmp.Agent implements it.
+type Agent interface {
+	Ping(ctx context.Context) error
+	Exec(ctx context.Context, req qmp.ExecRequest) (int, error)
+	ExecStatus(ctx context.Context, pid int) (qmp.ExecStatus, error)
+	GetTime(ctx context.Context) (time.Time, error)
+	SetTime(ctx context.Context, t *time.Time) error
+	WriteFile(ctx context.Context, path string, data []byte) error
+	NetworkInterfaces(ctx context.Context) ([]qmp.NetworkInterface, error)
+}
+
+// Link switches the child's network link on the host side (the NIC's
+// carrier, as the guest sees it).
+type Link interface {
+	SetLink(ctx context.Context, up bool) error
+}
+
+// LinkFunc adapts a function to Link.
+type LinkFunc func(ctx context.Context, up bool) error
+
+// SetLink calls f.
+func (f LinkFunc) SetLink(ctx context.Context, up bool) error { return f(ctx, up) }
+
+// Child is what a chain knows of the machine it gives an identity.
+type Child struct {
+	Name     string
+	Parent   string
+	Template string
+	Index    int // position in its fork, from 1
+	Mode     Mode
+	// MAC is the address the guest is to use. The NIC's MAC in QEMU's
+	// configuration stays the template's (the saved device state must
+	// match it); the guest changes it, and QEMU's receive filter follows.
+	MAC string
+	// OldMACs are the MACs the guest may have now (its source's), to find
+	// the NIC among several.
+	OldMACs []string
+	// VMGenID is the child's vmgenid GUID, TemplateVMGenID its template's;
+	// both empty for a child that booted fresh.
+	VMGenID         string
+	TemplateVMGenID string
+}
+
+// Env is what a step works with.
+type Env struct {
+	Agent Agent
+	// Link is nil when the caller does not hold the link down (a child that
+	// booted fresh); steps then leave it alone.
+	Link  Link
+	Child Child
+	// Result is what the chain has done so far; steps record their facts
+	// (hostname, MAC, addresses) in it.
+	Result *Result
+	// Now is the host clock; nil means time.Now. Tests inject one.
+	Now func() time.Time
+
+	detail string // the running step's detail
+}
+
+func (e *Env) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+// Detailf records what the running step did, for its result.
+func (e *Env) Detailf(format string, a ...any) { e.detail = fmt.Sprintf(format, a...) }
+
+// StepFunc does a step's work. It returns Skipped(reason) when there is
+// nothing to do.
+type StepFunc func(ctx context.Context, env *Env) error
+
+// Step is one named unit of a chain. Timeout bounds it (0: only the
+// caller's context does).
+type Step struct {
+	Name    string
+	Timeout time.Duration
+	Fn      StepFunc
+}
+
+// Chain is an ordered list of steps. Its methods return a new Chain and
+// never change the one they are called on, so a chain can be shared.
+type Chain struct {
+	steps []Step
+}
+
+// NewChain returns a chain of steps.
+func NewChain(steps ...Step) Chain { return Chain{steps: append([]Step(nil), steps...)} }
+
+// Steps returns a copy of the steps.
+func (c Chain) Steps() []Step { return append([]Step(nil), c.steps...) }
+
+// Len returns the number of steps.
+func (c Chain) Len() int { return len(c.steps) }
+
+// Names returns the step names in order.
+func (c Chain) Names() []string {
+	names := make([]string, len(c.steps))
+	for i, s := range c.steps {
+		names[i] = s.Name
+	}
+	return names
+}
+
+// Has reports whether the chain has a step called name.
+func (c Chain) Has(name string) bool { return c.index(name) >= 0 }
+
+// Step returns the step called name.
+func (c Chain) Step(name string) (Step, bool) {
+	if i := c.index(name); i >= 0 {
+		return c.steps[i], true
+	}
+	return Step{}, false
+}
+
+func (c Chain) index(name string) int {
+	for i, s := range c.steps {
+		if s.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Append returns c with steps added at the end.
+func (c Chain) Append(steps ...Step) Chain {
+	return Chain{steps: append(c.Steps(), steps...)}
+}
+
+// Prepend returns c with steps added at the start.
+func (c Chain) Prepend(steps ...Step) Chain {
+	return Chain{steps: append(append([]Step(nil), steps...), c.steps...)}
+}
+
+// AppendAfter returns c with steps inserted after the step called name; c
+// unchanged if it has no such step.
+func (c Chain) AppendAfter(name string, steps ...Step) Chain {
+	i := c.index(name)
+	if i < 0 {
+		return c
+	}
+	out := append([]Step(nil), c.steps[:i+1]...)
+	out = append(out, steps...)
+	return Chain{steps: append(out, c.steps[i+1:]...)}
+}
+
+// Swap returns c with the step called step.Name replaced by step; c
+// unchanged if it has no such step.
+func (c Chain) Swap(step Step) Chain {
+	i := c.index(step.Name)
+	if i < 0 {
+		return c
+	}
+	out := c.Steps()
+	out[i] = step
+	return Chain{steps: out}
+}
+
+// Remove returns c without the step called name.
+func (c Chain) Remove(name string) Chain {
+	out := make([]Step, 0, len(c.steps))
+	for _, s := range c.steps {
+		if s.Name != name {
+			out = append(out, s)
+		}
+	}
+	return Chain{steps: out}
+}
+
+// WithTimeout returns c with the timeout of the step called name set to d.
+func (c Chain) WithTimeout(name string, d time.Duration) Chain {
+	s, ok := c.Step(name)
+	if !ok {
+		return c
+	}
+	s.Timeout = d
+	return c.Swap(s)
+}
+
+// Skip returns c with the steps called names replaced by steps that do
+// nothing and report reason.
+func (c Chain) Skip(reason string, names ...string) Chain {
+	for _, n := range names {
+		if s, ok := c.Step(n); ok {
+			c = c.Swap(SkipStep(s.Name, reason))
+		}
+	}
+	return c
+}
+
+// Validate checks that every step has a name, a function and a name no
+// other step has.
+func (c Chain) Validate() error {
+	seen := map[string]bool{}
+	for i, s := range c.steps {
+		switch {
+		case s.Name == "":
+			return fmt.Errorf("step %d has no name", i+1)
+		case s.Fn == nil:
+			return fmt.Errorf("step %q has no function", s.Name)
+		case seen[s.Name]:
+			return fmt.Errorf("step %q is in the chain twice", s.Name)
+		case s.Timeout < 0:
+			return fmt.Errorf("step %q: timeout %v is negative", s.Name, s.Timeout)
+		}
+		seen[s.Name] = true
+	}
+	return nil
+}
+
+// SkipStep returns a step called name that does nothing and reports reason.
+func SkipStep(name, reason string) Step {
+	return Step{Name: name, Fn: func(context.Context, *Env) error { return Skipped(reason) }}
+}
+
+// Status is how a step ended.
+type Status string
+
+// Step statuses.
+const (
+	StatusOK      Status = "ok"
+	StatusSkipped Status = "skipped" // nothing to do, or told not to
+	StatusFailed  Status = "failed"
+	StatusNotRun  Status = "not_run" // an earlier step failed
+)
+
+// StepResult is what one step did. Its JSON form is part of vmfork's output.
+type StepResult struct {
+	Name       string  `json:"name"`
+	Status     Status  `json:"status"`
+	DurationMS float64 `json:"duration_ms"`
+	// Detail says what the step did, or why it was skipped.
+	Detail string `json:"detail,omitempty"`
+	Error  string `json:"error,omitempty"`
+	// ExitCode and StderrTail describe the guest command that failed the
+	// step, such as a hook.
+	ExitCode   *int   `json:"exit_code,omitempty"`
+	StderrTail string `json:"stderr_tail,omitempty"`
+}
+
+// Result is what a chain did in one child.
+type Result struct {
+	Mode      Mode         `json:"mode"`
+	MAC       string       `json:"mac,omitempty"`
+	Hostname  string       `json:"hostname,omitempty"`
+	Addresses []string     `json:"addresses,omitempty"`
+	MachineID string       `json:"machine_id,omitempty"`
+	VMGenID   string       `json:"vmgenid,omitempty"`
+	ElapsedMS float64      `json:"elapsed_ms"`
+	Steps     []StepResult `json:"steps"`
+}
+
+// Run runs c's steps in order against env and returns what each did. The
+// first step that fails ends the run: the rest are reported not_run and the
+// error names the failed step. Run never returns a nil Result.
+func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
+	if env.Result == nil {
+		env.Result = &Result{}
+	}
+	res := env.Result
+	res.Mode, res.VMGenID = env.Child.Mode, env.Child.VMGenID
+	if err := c.Validate(); err != nil {
+		return res, err
+	}
+	start := env.now()
+	defer func() { res.ElapsedMS = ms(env.now().Sub(start)) }()
+	var failed error
+	for _, s := range c.steps {
+		if failed != nil {
+			res.Steps = append(res.Steps, StepResult{Name: s.Name, Status: StatusNotRun})
+			continue
+		}
+		sr, err := runStep(ctx, s, env)
+		res.Steps = append(res.Steps, sr)
+		failed = err
+	}
+	return res, failed
+}
+
+func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
+	sctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.Timeout > 0 {
+		sctx, cancel = context.WithTimeout(ctx, s.Timeout)
+	}
+	defer cancel()
+	env.detail = ""
+	t0 := env.now()
+	err := s.Fn(sctx, env)
+	sr := StepResult{Name: s.Name, Status: StatusOK, DurationMS: ms(env.now().Sub(t0)), Detail: env.detail}
+	var skip *skipError
+	switch {
+	case err == nil:
+		return sr, nil
+	case errors.As(err, &skip):
+		sr.Status, sr.Detail = StatusSkipped, skip.reason
+		return sr, nil
+	}
+	// A step that ran out of its own time says so; the caller's cancel
+	// speaks for itself.
+	if errors.Is(sctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		err = fmt.Errorf("timed out after %v: %w", s.Timeout, err)
+	}
+	err = fmt.Errorf("step %q: %w", s.Name, err)
+	sr.Status, sr.Error = StatusFailed, err.Error()
+	var ee *ExitError
+	if errors.As(err, &ee) {
+		code := ee.Code
+		sr.ExitCode, sr.StderrTail = &code, ee.Stderr
+	}
+	return sr, err
+}
+
+// skipError is what Skipped returns.
+type skipError struct{ reason string }
+
+func (e *skipError) Error() string { return "skipped: " + e.reason }
+
+// Skipped is returned by a StepFunc that has nothing to do; reason says why.
+func Skipped(reason string) error { return &skipError{reason: reason} }
+
+// ExitError is a guest command that did not exit 0.
+type ExitError struct {
+	What   string // e.g. `hook "50-fail"`
+	Code   int    // exit code, or -1 when killed by Signal
+	Signal int
+	Stderr string // the tail of its stderr
+}
+
+func (e *ExitError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.What)
+	if e.Signal != 0 {
+		fmt.Fprintf(&b, " was killed by signal %d", e.Signal)
+	} else {
+		fmt.Fprintf(&b, " exited with code %d", e.Code)
+	}
+	if e.Stderr != "" {
+		fmt.Fprintf(&b, ": stderr %q", e.Stderr)
+	}
+	return b.String()
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

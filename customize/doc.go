@@ -1,0 +1,83 @@
+// Package customize gives a fork child an identity of its own before it is
+// let onto the network. A fork is a perfect copy: every child wakes with its
+// source's MAC, addresses, hostname, clock, machine-id, SSH host keys and
+// random-number state. The steps here change what must differ, through the
+// guest agent, VMware-Instant-Clone style.
+//
+// # Chains and steps
+//
+// A Chain is a named, ordered list of Steps, edited like
+// firecracker-go-sdk's handler lists: Append, Prepend, AppendAfter, Swap,
+// Remove and WithTimeout return a new Chain and never change the one they
+// are called on. Step names are namespaced: vmfork's own start with
+// "vmfork.", and steps from a spec file must use a namespace of their own
+// ("acme.register"). Variants rewrite the list instead of growing branches
+// inside steps: Reproducible swaps the clock and RNG steps for ones that keep
+// the template's state, Booted does the same for a child that booted fresh.
+//
+// Run runs a chain's steps in order, each under its own timeout, and
+// reports what each did (Result). A step ends in one of three ways: it did
+// its work (ok), it had nothing to do or was told not to (skipped, with the
+// reason), or it failed. The first failure ends the run; the steps after it
+// are reported not_run. A failed step's guest command, such as a hook,
+// brings its exit code and the tail of its stderr (ExitError).
+//
+// The default chain, in order:
+//
+//	vmfork.agent          wait until the guest agent answers
+//	vmfork.clock          step the guest clock to host time
+//	vmfork.rng            confirm that the kernel reseeded its CRNG from the new vmgenid
+//	vmfork.hostname       set the hostname from a pattern (web-{n})
+//	vmfork.machine-id     write a new /etc/machine-id
+//	vmfork.ssh-host-keys  regenerate SSH host keys (skipped without ssh-keygen)
+//	vmfork.network        new MAC inside the guest, then DHCP or a static address
+//	vmfork.hooks          run /etc/vmfork/post-fork.d/* in name order
+//
+// The order matters. Everything another machine could see of the child
+// (hostname, machine-id, host keys) changes before the network step, and the
+// network step changes the MAC before any packet leaves. The caller keeps the
+// NIC link down until the chain has finished; only DHCP needs the link
+// earlier, so the network step raises it itself, once the MAC is new.
+//
+// Steps reach the guest only through the Agent interface (a subset of
+// qmp.Agent) and the host-side Link; they know nothing of vmfork's machines.
+// A step that runs a shell script in the guest uses /bin/sh and the usual
+// tools (ip, hostname, dmesg, grep); a script exits 100 to say "nothing to do
+// here", with the reason on stdout.
+//
+// # Identity modes
+//
+// Fresh (the default) gives every child a new vmgenid, so the guest kernel
+// reseeds its CRNG, and steps its clock to host time. The reseed happens
+// when the kernel handles the vmgenid notification, a moment after the
+// child resumes; until then the child's CRNG is its siblings'. That is one
+// reason the link stays down until the chain, which confirms the reseed,
+// has run.
+//
+// Reproducible keeps the template's vmgenid, clock and RNG state in every
+// child, for experiments that must replay exactly: the children's kernels
+// resume with the same CRNG state and give the same bytes to the same
+// first reads. They drift apart as soon as they consume random bytes in a
+// different order: the kernel's own users (kfence sampling, slab freelist
+// shuffling) take some at times that depend on host scheduling, and Linux
+// reseeds by time from an input pool that holds each child's interrupt
+// timings. MACs, hostnames, addresses and machine-ids are made unique in
+// both modes.
+//
+// # Spec files
+//
+// A Spec says how children are customized; LoadSpec reads one from YAML or
+// JSON and rejects unknown keys and bad values, so that a typo fails before
+// anything is paused. See Spec for the format.
+//
+// # Hooks
+//
+// The guest's own hooks live in /etc/vmfork/post-fork.d (run in each child
+// by vmfork.hooks) and /etc/vmfork/pre-fork.d (run in the source before it is
+// frozen, to quiesce an application). Like run-parts, only executable files
+// whose names consist of letters, digits, "_" and "-" run, in byte order of
+// their names; the first that fails stops the rest. They run with PATH and
+// VMFORK_NAME, VMFORK_PARENT, VMFORK_INDEX, VMFORK_TEMPLATE, VMFORK_IDENTITY,
+// VMFORK_HOSTNAME and VMFORK_MAC in the environment (pre-fork hooks get
+// VMFORK_NAME, the source, and VMFORK_EVENT=pre-fork).
+package customize

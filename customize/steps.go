@@ -1,0 +1,318 @@
+package customize
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Names of vmfork's own steps.
+const (
+	StepAgent        = "vmfork.agent"
+	StepClock        = "vmfork.clock"
+	StepRNG          = "vmfork.rng"
+	StepHostname     = "vmfork.hostname"
+	StepMachineID    = "vmfork.machine-id"
+	StepSSHHostKeys  = "vmfork.ssh-host-keys"
+	StepNetwork      = "vmfork.network"
+	StepHooks        = "vmfork.hooks"
+	StepPreForkHooks = "vmfork.pre-fork-hooks"
+)
+
+// Default step timeouts. Generous: they bound a guest that hangs, and TCG
+// guests are slow. ssh-keygen makes an RSA key, which takes seconds under
+// TCG.
+const (
+	DefaultTimeout    = 10 * time.Second
+	sshTimeout        = 2 * time.Minute
+	networkTimeout    = 30 * time.Second
+	hooksTimeout      = time.Minute
+	preForkTimeout    = 30 * time.Second
+	scriptTimeout     = time.Minute
+	maxClockOffset    = time.Second
+	reseedConfirmWait = "30" // tenths of a second the rng step waits for the kernel's log line
+)
+
+// AgentStep waits until the guest agent answers. The agent of a fork child
+// answers at once (its connection state is in the migrated device state);
+// a guest whose agent died answers never, and this step's timeout says how
+// long that takes to find out.
+func AgentStep() Step {
+	return Step{Name: StepAgent, Timeout: DefaultTimeout, Fn: func(ctx context.Context, env *Env) error {
+		return waitAgent(ctx, env.Agent)
+	}}
+}
+
+// ClockStep steps the guest clock to host time. A child's clock goes on
+// from its template's freeze, so it lags by the template's age.
+func ClockStep() Step {
+	return Step{Name: StepClock, Timeout: DefaultTimeout, Fn: stepClock}
+}
+
+func stepClock(ctx context.Context, env *Env) error {
+	a := env.Agent
+	before, err := a.GetTime(ctx)
+	if err != nil {
+		return fmt.Errorf("read guest clock: %w", err)
+	}
+	// The guest sets the time it is sent when the request arrives, so send
+	// host time plus half a round trip.
+	t0 := env.now()
+	if err := a.Ping(ctx); err != nil {
+		return err
+	}
+	target := env.now()
+	target = target.Add(target.Sub(t0) / 2)
+	// With a time, qemu-ga 7.2 calls settimeofday and then /sbin/hwclock -w;
+	// it fails when the guest has no /sbin/hwclock.
+	if err := a.SetTime(ctx, &target); err != nil {
+		return fmt.Errorf("set guest clock: %w", err)
+	}
+	t1 := env.now()
+	after, err := a.GetTime(ctx)
+	if err != nil {
+		return fmt.Errorf("read guest clock: %w", err)
+	}
+	t2 := env.now()
+	off := after.Sub(t1.Add(t2.Sub(t1) / 2))
+	if off.Abs() > maxClockOffset {
+		return fmt.Errorf("guest clock is still %v off host time after setting it", off.Round(time.Millisecond))
+	}
+	env.Detailf("stepped %+.3fs, now %+dms from host", target.Sub(before).Seconds(), off.Milliseconds())
+	return nil
+}
+
+// RNGStep confirms that the guest kernel reseeded its CRNG from the child's
+// new vmgenid. The GUID is the child's own (QEMU gives it to the guest on
+// resume); Linux 5.18+ reseeds when it changes and logs "crng reseeded due
+// to virtual machine fork". A kernel without the vmgenid driver keeps its
+// siblings' random state, so the step fails there.
+func RNGStep() Step {
+	return Step{Name: StepRNG, Timeout: DefaultTimeout, Fn: stepRNG}
+}
+
+// rngScript prints "reseeded" or "uninitialized" (the CRNG was not yet
+// seeded at the fork; it will be seeded from the input pool, which the new
+// GUID went into). A grandchild also sees its parent's log line, which is
+// fine: its kernel has the driver and its GUID changed.
+const rngScript = `set -- /sys/bus/acpi/drivers/vmgenid/*:*
+if [ ! -e "$1" ]; then
+	echo "the guest kernel has no vmgenid driver (CONFIG_VMGENID): the child keeps its siblings' random state" >&2
+	exit 1
+fi
+i=0
+while :; do
+	if ! log=$(dmesg 2>&1); then
+		echo "cannot read the kernel log: $log" >&2
+		exit 1
+	fi
+	case $log in
+	*"crng reseeded due to virtual machine fork"*) echo reseeded; exit 0 ;;
+	*"crng init done"*) ;;
+	*) echo uninitialized; exit 0 ;;
+	esac
+	i=$((i + 1))
+	if [ "$i" -ge ` + reseedConfirmWait + ` ]; then
+		echo "the kernel log shows no CRNG reseed after the vmgenid change" >&2
+		exit 1
+	fi
+	sleep 0.1
+done`
+
+func stepRNG(ctx context.Context, env *Env) error {
+	c := env.Child
+	if c.VMGenID == "" {
+		return fmt.Errorf("the child has no vmgenid of its own")
+	}
+	if strings.EqualFold(c.VMGenID, c.TemplateVMGenID) {
+		return fmt.Errorf("the child has its template's vmgenid %s, so its kernel would not reseed", c.VMGenID)
+	}
+	out, err := shell(ctx, env.Agent, "confirm reseed", rngScript)
+	if err != nil {
+		return err
+	}
+	switch strings.TrimSpace(out) {
+	case "reseeded":
+		env.Detailf("kernel CRNG reseeded from vmgenid %s", c.VMGenID)
+	case "uninitialized":
+		env.Detailf("kernel CRNG not seeded yet; vmgenid %s is in the pool it will be seeded from", c.VMGenID)
+	default:
+		return fmt.Errorf("confirm reseed: unexpected output %q", out)
+	}
+	return nil
+}
+
+// keepRNGStep replaces RNGStep for a reproducible identity: it checks that
+// the child kept its template's vmgenid, so the kernel did not reseed.
+func keepRNGStep() Step {
+	return Step{Name: StepRNG, Fn: func(_ context.Context, env *Env) error {
+		c := env.Child
+		if !strings.EqualFold(c.VMGenID, c.TemplateVMGenID) {
+			return fmt.Errorf("a reproducible identity needs the template's vmgenid %q; the child has %q", c.TemplateVMGenID, c.VMGenID)
+		}
+		return Skipped("identity reproducible: the child kept its template's vmgenid, so its kernel CRNG goes on from the template's state")
+	}}
+}
+
+// Reproducible rewrites c for --identity reproducible: the clock and the
+// random state stay the template's. Network identity still changes.
+func Reproducible(c Chain) Chain {
+	c = c.Skip("identity reproducible: the clock goes on from the template's", StepClock)
+	if c.Has(StepRNG) {
+		c = c.Swap(keepRNGStep())
+	}
+	return c
+}
+
+// Booted rewrites c for a child that booted fresh from a stopped source's
+// disk: its kernel seeded its own random state at boot.
+func Booted(c Chain) Chain {
+	return c.Skip("booted fresh: the kernel seeded its random state at boot", StepRNG)
+}
+
+// HostnameStep sets the guest's hostname from pattern (see ExpandHostname),
+// in the kernel, /etc/hostname and /etc/hosts.
+func HostnameStep(pattern string) Step {
+	return Step{Name: StepHostname, Timeout: DefaultTimeout, Fn: func(ctx context.Context, env *Env) error {
+		h, err := ExpandHostname(pattern, env.Child)
+		if err != nil {
+			return err
+		}
+		if _, err := shell(ctx, env.Agent, "set hostname", hostnameScript, h); err != nil {
+			return err
+		}
+		env.Result.Hostname = h
+		env.Detailf("%s", h)
+		return nil
+	}}
+}
+
+// hostnameScript sets $1 as the hostname. Files are rewritten in place
+// (cat >), never replaced: qemu-ga runs commands with umask 077, and a new
+// /etc/hosts would be unreadable to everyone but root.
+const hostnameScript = `set -e
+new=$1
+old=$(hostname 2>/dev/null || true)
+if [ -d /run/systemd/system ] && command -v hostnamectl >/dev/null 2>&1; then
+	hostnamectl set-hostname "$new"
+else
+	hostname "$new"
+	if [ -e /etc/hostname ]; then printf '%s\n' "$new" >/etc/hostname; fi
+fi
+if [ -n "$old" ] && [ "$old" != "$new" ] && [ -f /etc/hosts ]; then
+	awk -v old="$old" -v new="$new" '{ for (i = 2; i <= NF; i++) if ($i == old) $i = new; print }' /etc/hosts >/etc/hosts.vmfork
+	cat /etc/hosts.vmfork >/etc/hosts
+	rm -f /etc/hosts.vmfork
+fi`
+
+// Hostname placeholders.
+var hostnameVars = map[string]func(Child) string{
+	"n":      func(c Child) string { return strconv.Itoa(c.Index) },
+	"name":   func(c Child) string { return c.Name },
+	"parent": func(c Child) string { return c.Parent },
+}
+
+// ExpandHostname fills in pattern for child c: {n} is its index in the fork
+// (1, 2, ...), {name} its machine name, {parent} its source's. The result
+// must be a valid hostname.
+func ExpandHostname(pattern string, c Child) (string, error) {
+	var b strings.Builder
+	rest := pattern
+	for {
+		i := strings.IndexByte(rest, '{')
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		b.WriteString(rest[:i])
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return "", fmt.Errorf("hostname pattern %q: unclosed {", pattern)
+		}
+		name := rest[i+1 : i+j]
+		f, ok := hostnameVars[name]
+		if !ok {
+			return "", fmt.Errorf("hostname pattern %q: unknown placeholder {%s} (want {n}, {name} or {parent})", pattern, name)
+		}
+		b.WriteString(f(c))
+		rest = rest[i+j+1:]
+	}
+	h := b.String()
+	if err := checkHostname(h); err != nil {
+		return "", fmt.Errorf("hostname pattern %q: %w", pattern, err)
+	}
+	return h, nil
+}
+
+// checkHostname accepts RFC 1123 host names: dot-separated labels of
+// letters, digits and inner hyphens, 63 bytes each, 253 in all.
+func checkHostname(h string) error {
+	if h == "" || len(h) > 253 {
+		return fmt.Errorf("hostname %q must have 1 to 253 characters", h)
+	}
+	for _, l := range strings.Split(h, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return fmt.Errorf("hostname %q: label %q must have 1 to 63 characters and not start or end with '-'", h, l)
+		}
+		for _, r := range l {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				return fmt.Errorf("hostname %q: %q is not allowed (letters, digits, '-' and '.' only)", h, r)
+			}
+		}
+	}
+	return nil
+}
+
+// MachineIDStep writes a new random /etc/machine-id (and the old D-Bus
+// copy where it is a file of its own). Guests without one are skipped.
+func MachineIDStep() Step {
+	return Step{Name: StepMachineID, Timeout: DefaultTimeout, Fn: func(ctx context.Context, env *Env) error {
+		var b [16]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return err
+		}
+		id := hex.EncodeToString(b[:])
+		if _, err := shell(ctx, env.Agent, "write machine-id", machineIDScript, id); err != nil {
+			return err
+		}
+		env.Result.MachineID = id
+		env.Detailf("%s", id)
+		return nil
+	}}
+}
+
+const machineIDScript = `if [ ! -e /etc/machine-id ]; then echo "the guest has no /etc/machine-id"; exit 100; fi
+printf '%s\n' "$1" >/etc/machine-id || exit 1
+if [ -f /var/lib/dbus/machine-id ] && [ ! -L /var/lib/dbus/machine-id ]; then
+	printf '%s\n' "$1" >/var/lib/dbus/machine-id
+fi`
+
+// SSHHostKeysStep replaces the guest's SSH host keys with new ones and
+// tells a running sshd. Guests without ssh-keygen are skipped.
+func SSHHostKeysStep() Step {
+	return Step{Name: StepSSHHostKeys, Timeout: sshTimeout, Fn: func(ctx context.Context, env *Env) error {
+		out, err := shell(ctx, env.Agent, "regenerate ssh host keys", sshScript)
+		if err != nil {
+			return err
+		}
+		env.Detailf("%s", strings.TrimSpace(out))
+		return nil
+	}}
+}
+
+// sshScript: sshd reads its host keys when it starts; SIGHUP makes it
+// re-execute itself with the new ones, keeping open sessions.
+const sshScript = `if ! command -v ssh-keygen >/dev/null 2>&1; then echo "the guest has no ssh-keygen"; exit 100; fi
+if [ ! -d /etc/ssh ]; then echo "the guest has no /etc/ssh"; exit 100; fi
+rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub
+ssh-keygen -A >/dev/null || exit 1
+keys=$(ls /etc/ssh/ssh_host_*_key.pub | wc -l)
+if [ -s /run/sshd.pid ] && kill -HUP "$(cat /run/sshd.pid)" 2>/dev/null; then
+	echo "$keys new host keys; sshd reloaded"
+else
+	echo "$keys new host keys"
+fi`
