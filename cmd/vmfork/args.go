@@ -36,7 +36,24 @@ func normalizeArgs(app *cli.App, args []string) []string {
 	cmd := app.Command(args[i])
 	out = append(out, args[i])
 	rest := args[i+1:]
-	if cmd == nil || len(cmd.Subcommands) > 0 {
+	// A command with subcommands (vmfork libvirt check ...): its own flags
+	// come first, then the subcommand's name, whose arguments are reordered.
+	for cmd != nil && len(cmd.Subcommands) > 0 {
+		j := 0
+		for ; j < len(rest) && isFlag(rest[j]); j++ {
+			out = append(out, rest[j])
+			if takesValue(cmd.Flags, rest[j]) && j+1 < len(rest) {
+				j++
+				out = append(out, rest[j])
+			}
+		}
+		if j >= len(rest) {
+			return out
+		}
+		out = append(out, rest[j])
+		cmd, rest = cmd.Command(rest[j]), rest[j+1:]
+	}
+	if cmd == nil {
 		return append(out, rest...)
 	}
 	var flags, pos []string

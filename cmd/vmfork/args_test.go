@@ -15,6 +15,7 @@ func TestNormalizeArgs(t *testing.T) {
 		{[]string{"vmfork", "fork", "web", "a", "b", "--count=2"}, []string{"vmfork", "fork", "--count=2", "--", "web", "a", "b"}},
 		{[]string{"vmfork", "boot", ""}, []string{"vmfork", "boot", "--", ""}},
 		{[]string{"vmfork"}, []string{"vmfork"}},
+		{[]string{"vmfork", "-c", "qemu:///system", "libvirt", "check", "web1", "--json"}, []string{"vmfork", "-c", "qemu:///system", "libvirt", "check", "--json", "--", "web1"}},
 	}
 	for _, c := range cases {
 		if got := normalizeArgs(app, c.in); !slices.Equal(got, c.want) {

@@ -71,10 +71,6 @@ func appContext(cliCtx *cli.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(cliCtx.Context)
 }
 
-// newLibvirtDriver is set by driver_libvirt.go, which only cgo builds have;
-// a CGO_ENABLED=0 build is a QEMU-only binary.
-var newLibvirtDriver func(uri string, log *logrus.Entry) (vmfork.Driver, error)
-
 // newManager opens the store and wires the driver: libvirt with --connect,
 // else the embedded QEMU driver.
 func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
@@ -136,6 +132,9 @@ func viewOf(m *vmfork.Machine) machineView {
 	}
 	if m.Spec.Disk != "" {
 		v.Disk = m.Paths.Disk
+	}
+	if m.GuestMAC != "" {
+		v.MAC = m.GuestMAC // a fork child's own MAC, set inside its guest
 	}
 	return v
 }

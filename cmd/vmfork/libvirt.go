@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/libvirtdrv"
+)
+
+var libvirtCommand = &cli.Command{
+	Name:  "libvirt",
+	Usage: "prepare a libvirt host for forking and check domains",
+	Description: `Forking libvirt domains (vmfork -c qemu:///system ...) needs a start hook
+in libvirt and guest RAM on a tmpfs. "vmfork libvirt setup" installs both,
+once per host; "vmfork libvirt check DOMAIN" tells what to change in a
+domain's XML to make it forkable.`,
+	Subcommands: []*cli.Command{libvirtSetupCommand, libvirtCheckCommand, libvirtHookCommand, libvirtReapCommand},
+}
+
+var libvirtSetupCommand = &cli.Command{
+	Name:  "setup",
+	Usage: "install vmfork's libvirt start hook and put guest RAM on a tmpfs; idempotent",
+	Description: `Makes this host's libvirtd able to start vmfork's fork children, and says
+what it changed (nothing, when run again):
+
+  - installs ` + libvirtdrv.DefaultHookDir + `/` + libvirtdrv.HookName + `, a drop-in that links a fork
+    child's frozen template RAM to where libvirt tells QEMU to find guest RAM
+    (other domains pass through it untouched);
+  - sets memory_backing_dir in qemu.conf to a tmpfs when libvirt's RAM
+    directory is on disk, and then restarts libvirtd (running domains keep
+    running); otherwise sends libvirtd SIGHUP when the hook is new.
+
+The hook runs this vmfork binary: run setup again after moving it.`,
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "hook-dir", Usage: "libvirt's qemu hook drop-in directory", Value: libvirtdrv.DefaultHookDir},
+		&cli.StringFlag{Name: "qemu-conf", Usage: "libvirt's qemu.conf", Value: libvirtdrv.DefaultQEMUConf},
+		&cli.StringFlag{Name: "memory-backing-dir", Usage: "tmpfs directory to set as memory_backing_dir when needed", Value: "/dev/shm"},
+		&cli.BoolFlag{Name: "dry-run", Aliases: []string{"check-mode"}, Usage: "say what would change and change nothing"},
+		jsonFlag,
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 0 {
+			return usageError{fmt.Errorf("libvirt setup takes no arguments")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		res, err := libvirtdrv.Setup(ctx, libvirtdrv.SetupOptions{
+			HookDir:          cliCtx.String("hook-dir"),
+			QEMUConf:         cliCtx.String("qemu-conf"),
+			MemoryBackingDir: cliCtx.String("memory-backing-dir"),
+			DryRun:           cliCtx.Bool("dry-run"),
+		})
+		if res == nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			if perr := printJSON(res); perr != nil {
+				return perr
+			}
+			return err
+		}
+		verb := "changed"
+		if res.DryRun {
+			verb = "would change"
+		}
+		for _, c := range res.Changes {
+			fmt.Printf("%s: %s\n", verb, c)
+		}
+		if !res.Changed {
+			fmt.Println("nothing to change: libvirt is set up for vmfork")
+		}
+		fmt.Printf("libvirtd: %s\nguest RAM directories: %s\n", res.Libvirtd, res.MemoryBackingDir)
+		return err
+	},
+}
+
+// domainChecker is the libvirt driver's check of any domain's XML.
+type domainChecker interface {
+	CheckDomain(ctx context.Context, name string) error
+}
+
+var libvirtCheckCommand = &cli.Command{
+	Name:      "check",
+	Usage:     "say whether a libvirt domain can be forked, and which XML elements to change if not",
+	ArgsUsage: "DOMAIN",
+	Description: `Reads the domain's XML (the live one if it runs) and lists everything that
+stops it from being forked, each with the element to change: guest RAM that
+is not a shared file (<memoryBacking>), a balloon (<memballoon>), devices
+whose state QEMU cannot save (<hostdev>, <shmem>) and so on. Exit code 0
+means forkable. Uses --connect, or qemu:///system.`,
+	Flags: []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{fmt.Errorf("libvirt check takes exactly one domain name, got %d arguments", cliCtx.NArg())}
+		}
+		name := cliCtx.Args().First()
+		uri := cliCtx.String("connect")
+		if uri == "" {
+			uri = "qemu:///system"
+		}
+		if newLibvirtDriver == nil {
+			return fmt.Errorf("libvirt check: this vmfork was built without libvirt support: %w", vmfork.ErrUnsupported)
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		drv, err := newLibvirtDriver(uri, logrus.NewEntry(logrus.StandardLogger()))
+		if err != nil {
+			return err
+		}
+		checker, ok := drv.(domainChecker)
+		if !ok {
+			return fmt.Errorf("libvirt check: driver %q: %w", drv.Name(), vmfork.ErrUnsupported)
+		}
+		err = checker.CheckDomain(ctx, name)
+		var ue *libvirtdrv.UnforkableError
+		if err != nil && !errors.As(err, &ue) {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			out := struct {
+				Domain   string               `json:"domain"`
+				Forkable bool                 `json:"forkable"`
+				Problems []libvirtdrv.Problem `json:"problems"`
+			}{Domain: name, Forkable: ue == nil, Problems: []libvirtdrv.Problem{}}
+			if ue != nil {
+				out.Problems = ue.Problems
+			}
+			if perr := printJSON(out); perr != nil {
+				return perr
+			}
+		} else if ue == nil {
+			fmt.Printf("%s can be forked\n", name)
+		}
+		return err
+	},
+}
+
+// libvirtHookCommand is what the hook drop-in runs. libvirtd waits for it,
+// so it never calls libvirt; it reads the domain XML from stdin.
+var libvirtHookCommand = &cli.Command{
+	Name:      "hook",
+	Hidden:    true,
+	Usage:     "libvirt qemu hook (run by libvirtd)",
+	ArgsUsage: "DOMAIN OPERATION SUB-OPERATION EXTRA",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "qemu-conf", Value: libvirtdrv.DefaultQEMUConf},
+	},
+	Action: func(cliCtx *cli.Context) error {
+		return libvirtdrv.Hook(cliCtx.Args().Slice(), os.Stdin, libvirtdrv.HookOptions{
+			QEMUConf: cliCtx.String("qemu-conf"),
+			Reap:     startReaper,
+		})
+	},
+}
+
+// startReaper starts `vmfork libvirt reap` for a fork child whose domain
+// ended, and does not wait for it: libvirtd waits for the hook, and the
+// reaper must wait for libvirtd. It gets no stdio (libvirtd reads the hook's
+// output until EOF) and a session of its own.
+func startReaper(r libvirtdrv.ReapRequest) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(exe, "--state-dir", r.StateDir, "--mem-dir", r.MemDir, "--connect", r.URI, "--quiet",
+		"libvirt", "reap", "--uuid", r.UUID, r.Machine)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start reaper: %w", err)
+	}
+	return cmd.Process.Release()
+}
+
+// reaper is the libvirt driver's removal of a child libvirt has forgotten.
+type reaper interface {
+	Reap(ctx context.Context, mg *vmfork.Manager, name, uuid string) error
+}
+
+var libvirtReapCommand = &cli.Command{
+	Name:      "reap",
+	Hidden:    true,
+	Usage:     "remove a fork child whose domain ended (run by the libvirt hook)",
+	ArgsUsage: "MACHINE",
+	Flags:     []cli.Flag{&cli.StringFlag{Name: "uuid", Required: true}},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{fmt.Errorf("libvirt reap takes exactly one machine name")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		r, ok := mg.Driver.(reaper)
+		if !ok {
+			return fmt.Errorf("libvirt reap: driver %q: %w", mg.Driver.Name(), vmfork.ErrUnsupported)
+		}
+		return r.Reap(ctx, mg, cliCtx.Args().First(), cliCtx.String("uuid"))
+	},
+}

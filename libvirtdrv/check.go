@@ -1,0 +1,118 @@
+package libvirtdrv
+
+import (
+	"fmt"
+	"strings"
+
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vmfork/vmfork"
+)
+
+// Problem is one reason a domain cannot be forked, named by the XML element
+// to change.
+type Problem struct {
+	// Element is the domain XML element as it is now, or as it is missing.
+	Element string `json:"element"`
+	// Why says what goes wrong with it in a fork.
+	Why string `json:"why"`
+	// Fix is the XML to put in its place.
+	Fix string `json:"fix"`
+}
+
+func (p Problem) String() string { return fmt.Sprintf("%s: %s; %s", p.Element, p.Why, p.Fix) }
+
+// UnforkableError says why a domain cannot be forked. It wraps
+// vmfork.ErrUnsupported.
+type UnforkableError struct {
+	Domain   string
+	Problems []Problem
+}
+
+func (e *UnforkableError) Error() string {
+	parts := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		parts[i] = p.String()
+	}
+	return fmt.Sprintf("domain %q cannot be forked: %s", e.Domain, strings.Join(parts, "; "))
+}
+
+func (e *UnforkableError) Unwrap() error { return vmfork.ErrUnsupported }
+
+// Check reports what in domain d stops it from being forked (reference
+// qemu-fork-mechanics.md §2-§4, libvirt-children.md §2): guest RAM must be one
+// file (its children map their template file privately); nothing may punch
+// holes in a template or need really shared memory in a child; and QEMU must
+// be able to save every device's state. RAM mapped shared is frozen by
+// copying the file; private RAM (a fork child's) is forkable too, but then
+// the device state carries all of it. It returns nil or an *UnforkableError naming every element
+// to change, so one round of edits is enough.
+func Check(d *libvirtxml.Domain) error {
+	var ps []Problem
+	add := func(el, why, fix string) { ps = append(ps, Problem{el, why, fix}) }
+	mb := d.MemoryBacking
+	switch {
+	case mb == nil || mb.MemorySource == nil:
+		add("<memoryBacking><source type='file'/>", "is missing: guest RAM is anonymous, so it cannot be frozen into a file",
+			"add <memoryBacking><source type='file'/><access mode='shared'/></memoryBacking>")
+	case mb.MemorySource.Type != "file":
+		add(fmt.Sprintf("<memoryBacking><source type='%s'/>", mb.MemorySource.Type),
+			"guest RAM is not a file (memfd and anonymous RAM arrive as zeros in a child with QEMU 7.2)",
+			"use <source type='file'/>")
+	}
+	if mb != nil && mb.MemoryDiscard != nil {
+		add("<memoryBacking><discard/>", "QEMU discards the RAM file's contents when it exits", "remove <discard/>")
+	}
+	if mb != nil && mb.MemoryHugePages != nil {
+		add("<memoryBacking><hugepages/>", "a private mapping of a hugetlbfs template reserves the whole size in every child",
+			"remove <hugepages/>")
+	}
+	if d.CPU != nil && d.CPU.Numa != nil && len(d.CPU.Numa.Cell) > 0 {
+		add("<cpu><numa>", "guest RAM is split into one file per node", "remove <numa>")
+	}
+	if d.Devices != nil {
+		checkDevices(d.Devices, add)
+	} else {
+		add("<devices><memballoon>", "is missing, so libvirt adds a virtio balloon, which punches holes in the template",
+			"add <memballoon model='none'/>")
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return &UnforkableError{Domain: d.Name, Problems: ps}
+}
+
+func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)) {
+	switch {
+	case dv.MemBalloon == nil:
+		add("<memballoon>", "is missing, so libvirt adds a virtio balloon, which punches holes in the template",
+			"add <memballoon model='none'/>")
+	case dv.MemBalloon.Model != "none":
+		add(fmt.Sprintf("<memballoon model='%s'>", dv.MemBalloon.Model),
+			"a balloon in a child punches holes in the template file all its siblings map",
+			"use <memballoon model='none'/>")
+	}
+	for _, m := range dv.Memorydevs {
+		add(fmt.Sprintf("<memory model='%s'>", m.Model), "memory devices unplug by punching holes in guest RAM", "remove it")
+	}
+	for _, h := range dv.Hostdevs {
+		el := "<hostdev>"
+		if h.SubsysPCI != nil {
+			el = "<hostdev type='pci'>"
+		}
+		add(el, "QEMU 7.2 cannot save a passed-through device's state", "detach it before the fork (virsh detach-device) and attach it again after")
+	}
+	for _, s := range dv.Shmems {
+		add(fmt.Sprintf("<shmem name='%s'>", s.Name), "ivshmem in peer mode blocks migration", "remove it")
+	}
+	for _, f := range dv.Filesystems {
+		if f.Driver != nil && f.Driver.Type == "virtiofs" {
+			add("<filesystem><driver type='virtiofs'/>", "virtiofs needs really shared memory, which a fork child does not have", "remove it")
+		}
+	}
+	for _, n := range dv.Interfaces {
+		if n.Source != nil && n.Source.VHostUser != nil {
+			add("<interface type='vhostuser'>", "vhost-user needs really shared memory, which a fork child does not have", "use another interface type")
+		}
+	}
+}

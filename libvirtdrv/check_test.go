@@ -1,0 +1,70 @@
+package libvirtdrv
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vmfork/vmfork"
+)
+
+func TestCheck(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(string) string
+		says []string // elements the error must name; none means forkable
+	}{
+		{"forkable", func(s string) string { return s }, nil},
+		{"anonymous RAM", func(s string) string {
+			return strings.Replace(s, "<memoryBacking>\n    <source type='file'/>\n    <access mode='shared'/>\n  </memoryBacking>", "", 1)
+		}, []string{"<memoryBacking><source type='file'/>"}},
+		{"memfd RAM", func(s string) string { return strings.Replace(s, "<source type='file'/>", "<source type='memfd'/>", 1) },
+			[]string{"<memoryBacking><source type='memfd'/>"}},
+		{"private RAM (a fork child)", func(s string) string { return strings.Replace(s, "mode='shared'", "mode='private'", 1) }, nil},
+		{"balloon", func(s string) string {
+			return strings.Replace(s, "<memballoon model='none'/>", "<memballoon model='virtio'/>", 1)
+		},
+			[]string{"<memballoon model='virtio'>"}},
+		{"default balloon", func(s string) string { return strings.Replace(s, "<memballoon model='none'/>", "", 1) },
+			[]string{"<memballoon>"}},
+		{"discard", func(s string) string {
+			return strings.Replace(s, "<access mode='shared'/>", "<access mode='shared'/><discard/>", 1)
+		}, []string{"<memoryBacking><discard/>"}},
+		{"hostdev and no file RAM", func(s string) string {
+			s = strings.Replace(s, "<source type='file'/>", "", 1)
+			return strings.Replace(s, "<memballoon", "<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='5' slot='0' function='0'/></source></hostdev><memballoon", 1)
+		}, []string{"<memoryBacking><source type='file'/>", "<hostdev type='pci'>"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := &libvirtxml.Domain{}
+			if err := d.Unmarshal(c.edit(sourceXML(t))); err != nil {
+				t.Fatal(err)
+			}
+			err := Check(d)
+			if len(c.says) == 0 {
+				if err != nil {
+					t.Fatalf("Check = %v, want forkable", err)
+				}
+				return
+			}
+			var ue *UnforkableError
+			if !errors.As(err, &ue) || !errors.Is(err, vmfork.ErrUnsupported) {
+				t.Fatalf("Check = %v, want an *UnforkableError wrapping ErrUnsupported", err)
+			}
+			for _, el := range c.says {
+				if !strings.Contains(err.Error(), el) {
+					t.Errorf("error %q does not name %s", err, el)
+				}
+			}
+			if len(ue.Problems) != len(c.says) {
+				t.Errorf("problems = %+v, want %d", ue.Problems, len(c.says))
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,276 @@
+//go:build cgo
+
+package libvirtdrv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qmp"
+)
+
+// StartChild implements vmfork.Forker (reference libvirt-children.md §7): a
+// transient domain from the source's XML, started paused with -incoming
+// defer while the start hook links the template RAM to its RAM path; then
+// x-ignore-shared, the device state through a passed fd, the NIC link down
+// (the child wakes with its source's addresses) and resume, never before the
+// load has completed.
+func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfork.Template) (err error) {
+	if !t.HasMemory {
+		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
+	}
+	srcXML, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
+	if err != nil {
+		return fmt.Errorf("template %q: %w", t.ID, err)
+	}
+	if err := pickPorts(child.Spec.Ports); err != nil {
+		return err
+	}
+	def, err := ChildXML(string(srcXML), child, d.metadata(child, t))
+	if err != nil {
+		return fmt.Errorf("template %q: %w", t.ID, err)
+	}
+	x, err := def.Marshal()
+	if err != nil {
+		return fmt.Errorf("domain XML: %w", err)
+	}
+	if err := d.checkNameFree(child); err != nil {
+		return err
+	}
+	// START_PAUSED is what keeps libvirt from sending cont at once, which
+	// QEMU 7.2 would act on before the load (activating the disk early).
+	dom, err := d.conn.DomainCreateXML(x, libvirt.DOMAIN_START_PAUSED)
+	if err != nil {
+		return fmt.Errorf("create domain %q: %w", child.Name, wrap(err))
+	}
+	defer dom.Free()
+	defer func() {
+		if err != nil {
+			d.destroy(dom)
+			child.PID = 0
+		}
+	}()
+	mon := d.monitor(dom, child)
+	if err := d.checkChild(ctx, dom, mon, t); err != nil {
+		return err
+	}
+	if err := d.loadDeviceState(ctx, mon, t); err != nil {
+		if tail := logTail(qemuLog(d.uri, child.Name, ""), 3); tail != "" {
+			err = fmt.Errorf("%w: %s", err, tail)
+		}
+		return fmt.Errorf("load device state: %w", err)
+	}
+	if err := d.setLink(ctx, dom, false); err != nil {
+		return fmt.Errorf("set link down: %w", err)
+	}
+	if err := d.started(ctx, dom, child); err != nil {
+		return err
+	}
+	if err := resume(ctx, dom); err != nil {
+		return fmt.Errorf("resume child: %w", err)
+	}
+	return nil
+}
+
+// checkChild checks, before anything is loaded, that the child's QEMU maps
+// the template (a child whose start hook did not run would run on zeroed
+// RAM and crash in ways nobody could trace back) and that its guest-visible
+// configuration is the template's.
+func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monitor, t *vmfork.Template) error {
+	var ram string
+	if err := mon.execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
+		return fmt.Errorf("find guest RAM file: %w", err)
+	}
+	if !linkedTo(ram, t.Paths.RAM) {
+		return fmt.Errorf("guest RAM %s is not the template's %s: the vmfork start hook did not run (run `vmfork libvirt setup`)", ram, t.Paths.RAM)
+	}
+	_, mig, err := liveXML(ctx, dom, libvirt.DOMAIN_XML_MIGRATABLE)
+	if err != nil {
+		return err
+	}
+	got, err := d.manifest(&vmfork.Machine{Spec: vmfork.Spec{MemoryMiB: t.Manifest.MemoryMiB, CPUs: t.Manifest.CPUs}}, mig)
+	if err != nil {
+		return err
+	}
+	got.DevStateBytes, got.RAMSharedWithChildren = t.Manifest.DevStateBytes, t.Manifest.RAMSharedWithChildren
+	return got.Check(t.Manifest)
+}
+
+func (d *Driver) loadDeviceState(ctx context.Context, mon monitor, t *vmfork.Template) error {
+	if err := mon.setIgnoreShared(ctx); err != nil {
+		return err
+	}
+	f, err := os.Open(t.Paths.DevState)
+	if err != nil {
+		return err
+	}
+	err = mon.passFile(ctx, devStateFD, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := mon.execute(ctx, qmp.CmdMigrateIncoming, map[string]string{"uri": "fd:" + devStateFD}, nil); err != nil {
+		return err
+	}
+	_, err = mon.waitMigration(ctx, false)
+	return err
+}
+
+// Resume implements vmfork.Forker.
+func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
+	dom, err := d.domain(m)
+	if err != nil || dom == nil {
+		return err
+	}
+	defer dom.Free()
+	st, _, err := dom.GetState()
+	if err != nil {
+		return fmt.Errorf("domain %q state: %w", m.Name, wrap(err))
+	}
+	if st != libvirt.DOMAIN_PAUSED {
+		return nil
+	}
+	return resume(ctx, dom)
+}
+
+// SetLink implements vmfork.LinkSetter through libvirt's device update, so
+// `virsh domif-getlink` tells the truth.
+func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error {
+	dom, err := d.domain(m)
+	if err != nil {
+		return fmt.Errorf("set link: %w", err)
+	}
+	if dom == nil {
+		return fmt.Errorf("set link: machine %q: %w", m.Name, vmfork.ErrNotRunning)
+	}
+	defer dom.Free()
+	if err := d.setLink(ctx, dom, up); err != nil {
+		return fmt.Errorf("set link: %w", err)
+	}
+	return nil
+}
+
+func (d *Driver) setLink(ctx context.Context, dom *libvirt.Domain, up bool) error {
+	_, live, err := liveXML(ctx, dom, 0)
+	if err != nil {
+		return err
+	}
+	if live.Devices == nil || len(live.Devices.Interfaces) == 0 {
+		return fmt.Errorf("domain %q has no <interface>", live.Name)
+	}
+	ifc := live.Devices.Interfaces[0]
+	ifc.Link = &libvirtxml.DomainInterfaceLink{State: "down"}
+	if up {
+		ifc.Link.State = "up"
+	}
+	x, err := ifc.Marshal()
+	if err != nil {
+		return err
+	}
+	_, err = call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) {
+		return struct{}{}, d.UpdateDeviceFlags(x, libvirt.DOMAIN_DEVICE_MODIFY_LIVE)
+	})
+	return err
+}
+
+// CheckDomain reports whether the libvirt domain called name (any domain, not
+// only vmfork's) can be forked: nil, or an *UnforkableError naming every XML
+// element to change. It reads the live definition of a running domain and
+// the persistent one otherwise.
+func (d *Driver) CheckDomain(ctx context.Context, name string) error {
+	dom, err := d.conn.LookupDomainByName(name)
+	if errors.Is(err, libvirt.ERR_NO_DOMAIN) {
+		return fmt.Errorf("libvirt domain %q: %w", name, vmfork.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("look up domain %q: %w", name, wrap(err))
+	}
+	defer dom.Free()
+	_, def, err := liveXML(ctx, dom, 0)
+	if err != nil {
+		return err
+	}
+	return Check(def)
+}
+
+// logTail returns the last n lines of a QEMU log joined into one line.
+func logTail(path string, n int) string {
+	if path == "" {
+		return ""
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// reapWait bounds how long Reap waits for libvirt to forget a domain.
+const reapWait = 2 * time.Minute
+
+// Reap removes fork child name from vmfork's store once libvirt has forgotten
+// its domain uuid: the release hook asks for it (through `vmfork libvirt
+// reap`, started detached, because the hook itself must not call libvirt),
+// so a child destroyed with `virsh destroy` leaves nothing behind, and its
+// template goes with its last child. It acts only on a record that still
+// says running or paused, read under the machine's lock: a stop or removal
+// through vmfork holds that lock while it destroys the domain and records
+// the outcome, so Reap then finds the machine stopped or gone and leaves it.
+func (d *Driver) Reap(ctx context.Context, mg *vmfork.Manager, name, uuid string) error {
+	ctx, cancel := context.WithTimeout(ctx, reapWait)
+	defer cancel()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		dom, err := d.conn.LookupDomainByUUIDString(uuid)
+		if errors.Is(err, libvirt.ERR_NO_DOMAIN) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("reap %q: %w", name, wrap(err))
+		}
+		dom.Free()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reap %q: domain %s still exists: %w", name, uuid, ctx.Err())
+		case <-t.C:
+		}
+	}
+	unlock, err := mg.Store.Lock(ctx, name)
+	if err != nil {
+		return fmt.Errorf("reap: %w", err)
+	}
+	m, err := mg.Store.LoadMachine(name)
+	unlock()
+	if errors.Is(err, vmfork.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reap: %w", err)
+	}
+	if m.Driver != Name || m.Template == "" || (m.State != vmfork.StateRunning && m.State != vmfork.StatePaused) {
+		return nil
+	}
+	if st, err := d.Status(ctx, m); err != nil || st != vmfork.StateStopped {
+		return err // a new domain of this machine runs
+	}
+	return mg.Remove(ctx, name, true)
+}

@@ -1,0 +1,63 @@
+// Package libvirtdrv is vmfork's driver for libvirt hosts (libvirt 9.0,
+// QEMU 7.2): machines, fork parents and fork children are ordinary libvirt
+// domains, listed by `virsh list`, reachable with `virsh console`, removable
+// with `virsh destroy`. It follows the recipe in
+// shared/reference/libvirt-children.md.
+//
+// # The model
+//
+// vmfork's record (machine.json in the state dir) is a machine's definition;
+// its domain is what runs. Every domain vmfork creates is transient
+// (virDomainCreateXML): it exists while QEMU runs, and libvirt forgets it
+// when it stops, so no stale definition outlives a `vmfork rm`. A machine
+// whose domain is gone, stopped by vmfork or destroyed with virsh, is
+// stopped; its disk and record stay until `vmfork rm`. A domain carries
+// vmfork's element in <metadata> (namespace MetadataNS: machine name,
+// machine directory, parent, template): vmfork acts only on domains whose
+// mark matches the record, never on a foreign domain of the same name.
+//
+// A booted machine (BootXML) has the embedded driver's device model: q35
+// pinned to its versioned type, qemu64, guest RAM in a file mapped shared
+// (<memoryBacking><source type='file'/><access mode='shared'/>), no balloon,
+// a vmgenid, the guest-agent channel, a user-mode NIC and a pty serial
+// console logged to the machine's serial.log. QEMU runs as the user running
+// vmfork (a static DAC <seclabel> with relabel='no'), as with the embedded
+// driver: vmfork's state and mem dirs are private to that user, and libvirt
+// changes no file's owner. libvirt owns QMP and the guest-agent socket;
+// vmfork reaches them through virDomainQemuMonitorCommand (passthrough,
+// which taints the domain as custom-monitor and changes nothing else) and
+// virDomainQemuAgentCommand. Port forwards are added over QMP (hostfwd_add):
+// libvirt's own <portForward> needs the passt backend.
+//
+// # A fork
+//
+// Freeze checks the source's live XML (Check), pauses it with libvirt's
+// suspend, moves its disk onto a new overlay with a disk-only external
+// snapshot that reuses an overlay made ahead, saves the device state through
+// passthrough with a passed fd ("fd:" URI; libvirt's seccomp sandbox kills
+// QEMU on "exec:"), copies the RAM file libvirt made for it into the
+// template and resumes. The source's migratable XML is kept in the template
+// (FileSourceXML).
+//
+// A child (ChildXML) is that XML with only its backends changed, started
+// paused with -incoming defer through <qemu:commandline> and private RAM
+// access. libvirt names the RAM file QEMU opens, <memory_backing_dir>/
+// <id>-<name[:20]>/pc.ram, only once the domain has an id; the start hook
+// (Hook, installed by Setup as a drop-in in /etc/libvirt/hooks/qemu.d/) runs
+// after libvirt made that directory and before it executes QEMU, and links
+// the template file there. StartChild then checks that QEMU really maps the
+// template, loads the device state with x-ignore-shared, sets the NIC link
+// down until the identity chain has run, and resumes. When the child stops,
+// libvirt deletes its RAM directory, link included; the template survives.
+//
+// # What the host needs
+//
+// `vmfork libvirt setup` installs the hook and, when libvirt's
+// memory_backing_dir is on disk, points it at /dev/shm (libvirt then uses
+// /dev/shm/libvirt/qemu), restarting libvirtd once. The template RAM file
+// must be readable and writable by QEMU's user (QEMU 7.2 opens a mem-path
+// O_RDWR even to map it privately), so Freeze gives it to the source's DAC
+// user with mode 0600. A fork child can be forked in turn: its RAM is
+// private, so the device state carries all of it, and the grandchild's
+// template RAM file is an empty file of the right size.
+package libvirtdrv

@@ -1,0 +1,363 @@
+package libvirtdrv
+
+import (
+	"fmt"
+	"strings"
+
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vmfork/vmfork"
+)
+
+// Fixed names in the domains vmfork defines. The agent channel's name is what
+// qemu-ga in the guest looks for; the RAM alias is where libvirt 9.0 puts a
+// pc/q35 guest's RAM file, <memory_backing_dir>/<id>-<name[:20]>/pc.ram.
+const (
+	agentChannel = "org.qemu.guest_agent.0"
+	ramAlias     = "pc.ram"
+	// tbCacheMiB bounds TCG's translation cache: QEMU 7.2 reserves 1 GiB per
+	// process by default, which a fork child would pay for again.
+	tbCacheMiB = 128
+)
+
+// Domain types.
+const (
+	domainKVM  = "kvm"
+	domainTCG  = "qemu"
+	accelKVM   = "kvm"
+	accelTCG   = "tcg"
+	domainArch = "x86_64"
+)
+
+// BootOptions are the per-host choices of a booted domain that are not in the
+// machine's record.
+type BootOptions struct {
+	// User is the DAC label QEMU runs as, "+UID:+GID". vmfork's state and mem
+	// dirs are private to the user running vmfork, so its domains run QEMU as
+	// that user, as the embedded driver does, and libvirt relabels nothing.
+	User string
+}
+
+// BootXML returns the domain of machine m as vmfork boots it: the embedded
+// driver's device model in libvirt terms, with guest RAM in a shared file
+// (forkable), no balloon (it would punch holes in templates), a vmgenid, the
+// guest agent channel and a pty serial console logged to the machine's
+// serial.log, so `virsh console` works. The record must be resolved:
+// Spec.MachineType, Spec.CPUModel, Spec.MAC and Accel set.
+func BootXML(m *vmfork.Machine, md Metadata, opt BootOptions) *libvirtxml.Domain {
+	s := m.Spec
+	d := &libvirtxml.Domain{
+		Type:          domainTCG,
+		Name:          m.Name,
+		GenID:         &libvirtxml.DomainGenID{Value: m.VMGenID},
+		Memory:        &libvirtxml.DomainMemory{Value: uint(s.MemoryMiB), Unit: "MiB"},
+		MemoryBacking: sharedFileRAM(),
+		VCPU:          &libvirtxml.DomainVCPU{Value: uint(s.CPUs)},
+		OS: &libvirtxml.DomainOS{
+			Type:    &libvirtxml.DomainOSType{Arch: domainArch, Machine: s.MachineType, Type: "hvm"},
+			Kernel:  s.Kernel,
+			Initrd:  s.Initrd,
+			Cmdline: s.Append,
+		},
+		Features: &libvirtxml.DomainFeatureList{
+			// ACPI carries the vmgenid notification and the power button.
+			ACPI: &libvirtxml.DomainFeature{},
+			APIC: &libvirtxml.DomainFeatureAPIC{},
+		},
+		CPU: &libvirtxml.DomainCPU{
+			Mode:  "custom",
+			Match: "exact",
+			Model: &libvirtxml.DomainCPUModel{Value: s.CPUModel, Fallback: "forbid"},
+		},
+		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
+		OnPoweroff: "destroy",
+		OnReboot:   "restart",
+		OnCrash:    "destroy",
+		Devices:    bootDevices(m),
+		SecLabel:   secLabel(opt.User),
+	}
+	setMetadata(d, md)
+	if m.Accel == accelKVM {
+		d.Type = domainKVM
+	} else {
+		d.Features.TCG = &libvirtxml.DomainFeatureTCG{
+			TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: tbCacheMiB},
+		}
+	}
+	return d
+}
+
+func sharedFileRAM() *libvirtxml.DomainMemoryBacking {
+	return &libvirtxml.DomainMemoryBacking{
+		MemorySource: &libvirtxml.DomainMemorySource{Type: "file"},
+		MemoryAccess: &libvirtxml.DomainMemoryAccess{Mode: "shared"},
+	}
+}
+
+func secLabel(user string) []libvirtxml.DomainSecLabel {
+	if user == "" {
+		return nil
+	}
+	return []libvirtxml.DomainSecLabel{{Type: "static", Model: "dac", Relabel: "no", Label: user}}
+}
+
+func bootDevices(m *vmfork.Machine) *libvirtxml.DomainDeviceList {
+	zero := uint(0)
+	dev := &libvirtxml.DomainDeviceList{
+		// No USB controller: nothing uses it, and every device is one more
+		// section a child must match.
+		Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
+		Interfaces: []libvirtxml.DomainInterface{{
+			MAC:    &libvirtxml.DomainInterfaceMAC{Address: m.Spec.MAC},
+			Source: &libvirtxml.DomainInterfaceSource{User: &libvirtxml.DomainInterfaceSourceUser{}},
+			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+		}},
+		Serials: []libvirtxml.DomainSerial{{
+			Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+			Target: &libvirtxml.DomainSerialTarget{Port: &zero},
+			Log:    &libvirtxml.DomainChardevLog{File: m.Paths.Serial, Append: "on"},
+		}},
+		Consoles: []libvirtxml.DomainConsole{{
+			Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
+			Target: &libvirtxml.DomainConsoleTarget{Type: "serial", Port: &zero},
+		}},
+		Channels: []libvirtxml.DomainChannel{{
+			Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind"}},
+			Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: agentChannel}},
+		}},
+		MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
+	}
+	if m.Spec.Disk != "" {
+		dev.Disks = []libvirtxml.DomainDisk{{
+			Device: "disk",
+			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
+			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: m.Paths.Disk}},
+			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+		}}
+	}
+	return dev
+}
+
+// ChildXML returns the domain of fork child c, derived from its source's
+// migratable XML (saved with the template), changing only what may differ
+// between the two (reference libvirt-children.md §6): name and uuid, the
+// metadata, private RAM access, the MAC, a fresh or given vmgenid, the disk
+// overlay, the serial log, generated socket paths and -incoming defer.
+// Everything else, down to PCI addresses and the versioned machine type,
+// stays as the source had it, which loading its device state requires.
+func ChildXML(sourceXML string, c *vmfork.Machine, md Metadata) (*libvirtxml.Domain, error) {
+	d := &libvirtxml.Domain{}
+	if err := d.Unmarshal(sourceXML); err != nil {
+		return nil, fmt.Errorf("parse source domain XML: %w", err)
+	}
+	if d.MemoryBacking == nil || d.MemoryBacking.MemorySource == nil || d.MemoryBacking.MemorySource.Type != "file" {
+		return nil, fmt.Errorf("source domain XML has no file-backed <memoryBacking>")
+	}
+	d.Name, d.UUID, d.ID = c.Name, "", nil
+	setMetadata(d, md)
+	// An empty <genid/> makes libvirt choose a new GUID: the guest then
+	// reseeds its RNG (the GUID is not migrated).
+	d.GenID = &libvirtxml.DomainGenID{Value: c.VMGenID}
+	d.MemoryBacking.MemoryAccess = &libvirtxml.DomainMemoryAccess{Mode: "private"}
+	for i := range d.SecLabel {
+		if d.SecLabel[i].Type == "dynamic" {
+			d.SecLabel[i].Label, d.SecLabel[i].ImageLabel = "", ""
+		}
+	}
+	if d.Devices == nil {
+		return nil, fmt.Errorf("source domain XML has no <devices>")
+	}
+	if err := childDisks(d.Devices, c); err != nil {
+		return nil, err
+	}
+	for i := range d.Devices.Interfaces {
+		ifc := &d.Devices.Interfaces[i]
+		ifc.Target, ifc.Alias, ifc.Link = nil, nil, nil
+		// The guest keeps the source's MAC until the identity chain changes
+		// it (it travels in the migration stream); the XML shows the one it
+		// is told to take.
+		ifc.MAC = nil
+		if i == 0 && c.Spec.MAC != "" {
+			ifc.MAC = &libvirtxml.DomainInterfaceMAC{Address: c.Spec.MAC}
+		}
+	}
+	for i := range d.Devices.Serials {
+		s := &d.Devices.Serials[i]
+		if s.Source != nil && s.Source.Pty != nil {
+			s.Source.Pty.Path = ""
+		}
+		if i == 0 && c.Paths.Serial != "" {
+			s.Log = &libvirtxml.DomainChardevLog{File: c.Paths.Serial, Append: "on"}
+		}
+	}
+	for i := range d.Devices.Consoles {
+		con := &d.Devices.Consoles[i]
+		if con.Source != nil && con.Source.Pty != nil {
+			con.Source.Pty.Path = ""
+		}
+		con.TTY = ""
+		// libvirt shows the serial console's log on <console> too.
+		if con.Log != nil && c.Paths.Serial != "" {
+			con.Log = &libvirtxml.DomainChardevLog{File: c.Paths.Serial, Append: "on"}
+		}
+	}
+	for i := range d.Devices.Channels {
+		if s := d.Devices.Channels[i].Source; s != nil && s.UNIX != nil {
+			s.UNIX.Path = "" // libvirt makes one per domain
+		}
+		if t := d.Devices.Channels[i].Target; t != nil && t.VirtIO != nil {
+			t.VirtIO.State = ""
+		}
+	}
+	if d.QEMUCommandline == nil {
+		d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{}
+	}
+	// libvirt 9.0 cannot start a domain waiting for an incoming stream on
+	// its own; QEMU 7.2 cannot set x-ignore-shared on its command line, so
+	// the stream is loaded later over QMP (reference §9).
+	d.QEMUCommandline.Args = append(d.QEMUCommandline.Args,
+		libvirtxml.DomainQEMUCommandlineArg{Value: "-incoming"}, libvirtxml.DomainQEMUCommandlineArg{Value: "defer"})
+	return d, nil
+}
+
+// childDisks points the source's one writable file disk at the child's
+// overlay. libvirt reads the backing chain from the overlay's header, so the
+// source's <backingStore> is dropped.
+func childDisks(dev *libvirtxml.DomainDeviceList, c *vmfork.Machine) error {
+	writable := 0
+	for i := range dev.Disks {
+		disk := &dev.Disks[i]
+		if disk.Device == "cdrom" || disk.ReadOnly != nil || disk.Shareable != nil {
+			continue
+		}
+		if disk.Source == nil || disk.Source.File == nil {
+			return fmt.Errorf("disk %s is not a file: only file disks can be forked", diskName(disk))
+		}
+		writable++
+		if writable > 1 || c.Spec.Disk == "" {
+			return fmt.Errorf("disk %s: vmfork forks machines with one writable disk", diskName(disk))
+		}
+		disk.Source.File.File = c.Paths.Disk
+		disk.BackingStore, disk.Alias = nil, nil
+	}
+	if c.Spec.Disk != "" && writable == 0 {
+		return fmt.Errorf("source domain XML has no writable file disk for %s", c.Paths.Disk)
+	}
+	return nil
+}
+
+func diskName(d *libvirtxml.DomainDisk) string {
+	if d.Target != nil {
+		return d.Target.Dev
+	}
+	return "?"
+}
+
+// GuestVisible lists what the guest of domain d can see, one line per item:
+// machine type, CPU, memory, direct-boot files and every device with its bus
+// address. A child must match its source's list exactly; backends (files,
+// sockets, MACs, the vmgenid GUID) may differ. Templates keep it in their
+// manifest, so a child on a changed host fails with the item named.
+func GuestVisible(d *libvirtxml.Domain) []string {
+	var out []string
+	add := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
+	if d.OS != nil && d.OS.Type != nil {
+		add("machine %s %s", d.OS.Type.Arch, d.OS.Type.Machine)
+		if d.OS.Kernel != "" {
+			add("kernel %s initrd %s cmdline %q", d.OS.Kernel, d.OS.Initrd, d.OS.Cmdline)
+		}
+	}
+	if d.CPU != nil && d.CPU.Model != nil {
+		add("cpu %s %s", d.CPU.Mode, d.CPU.Model.Value)
+	}
+	if d.Memory != nil {
+		add("memory %d %s", d.Memory.Value, d.Memory.Unit)
+	}
+	if d.VCPU != nil {
+		add("vcpus %d", d.VCPU.Value)
+	}
+	if d.GenID != nil {
+		add("vmgenid")
+	}
+	if d.Devices == nil {
+		return out
+	}
+	dv := d.Devices
+	for _, x := range dv.Disks {
+		add("disk %s %s %s", x.Device, diskName(&x), address(x.Address))
+	}
+	for _, x := range dv.Controllers {
+		idx := "-"
+		if x.Index != nil {
+			idx = fmt.Sprint(*x.Index)
+		}
+		add("controller %s %s %s %s", x.Type, idx, x.Model, address(x.Address))
+	}
+	for _, x := range dv.Interfaces {
+		model := ""
+		if x.Model != nil {
+			model = x.Model.Type
+		}
+		add("interface %s %s", model, address(x.Address))
+	}
+	for _, x := range dv.Serials {
+		add("serial %s", address(x.Address))
+	}
+	for _, x := range dv.Channels {
+		name := ""
+		if x.Target != nil && x.Target.VirtIO != nil {
+			name = x.Target.VirtIO.Name
+		}
+		add("channel %s %s", name, address(x.Address))
+	}
+	for _, x := range dv.Inputs {
+		add("input %s %s %s", x.Type, x.Bus, address(x.Address))
+	}
+	for _, x := range dv.Videos {
+		if x.Model.Type != "" {
+			add("video %s %s", x.Model.Type, address(x.Address))
+		}
+	}
+	for _, x := range dv.Hostdevs {
+		add("hostdev %s", address(x.Address))
+	}
+	if dv.MemBalloon != nil {
+		add("memballoon %s %s", dv.MemBalloon.Model, address(dv.MemBalloon.Address))
+	}
+	return out
+}
+
+func address(a *libvirtxml.DomainAddress) string {
+	switch {
+	case a == nil:
+		return "-"
+	case a.PCI != nil:
+		p := a.PCI
+		return fmt.Sprintf("pci %04x:%02x:%02x.%x", deref(p.Domain), deref(p.Bus), deref(p.Slot), deref(p.Function))
+	case a.VirtioSerial != nil:
+		v := a.VirtioSerial
+		return fmt.Sprintf("virtio-serial %d.%d.%d", deref(v.Controller), deref(v.Bus), deref(v.Port))
+	case a.Drive != nil:
+		v := a.Drive
+		return fmt.Sprintf("drive %d.%d.%d", deref(v.Controller), deref(v.Bus), deref(v.Unit))
+	}
+	return "other"
+}
+
+func deref(p *uint) uint {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// ramFile is where libvirt 9.0 tells QEMU to keep the guest RAM of domain
+// name with id under memory-backing directory dir: a directory named by
+// virDomainDefGetShortName ("%d-%.20s") holding one file per RAM alias.
+func ramFile(dir string, id int, name string) string {
+	short := name
+	if len(short) > 20 {
+		short = short[:20]
+	}
+	return strings.Join([]string{dir, fmt.Sprintf("%d-%s", id, short), ramAlias}, "/")
+}

@@ -1,0 +1,328 @@
+//go:build cgo
+
+package libvirtdrv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/sharedmem"
+)
+
+const (
+	// devStateFD is the name under which the device-state file is handed to
+	// QEMU: libvirt's seccomp sandbox (spawn=deny) kills QEMU on exec:.
+	devStateFD = "vmfork-devstate"
+	// FileSourceXML is the driver's file in a template's directory: the
+	// source's migratable domain XML at the freeze, which children copy.
+	FileSourceXML = "libvirt-domain.xml"
+)
+
+// Freeze implements vmfork.Forker with libvirt's suspend and resume (so its
+// state machine stays in step), a disk-only external snapshot onto an
+// overlay made ahead (so libvirt's view of the disk stays true), and the
+// device-state save through QMP passthrough with a passed fd.
+func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template) (fr vmfork.FreezeResult, err error) {
+	dom, err := d.domain(src)
+	if err != nil {
+		return fr, err
+	}
+	if dom == nil {
+		return fr, fmt.Errorf("machine %q: %w", src.Name, vmfork.ErrNotRunning)
+	}
+	defer dom.Free()
+	mon := d.monitor(dom, src)
+	prep, err := d.prepareFreeze(ctx, dom, mon, src, t)
+	if err != nil {
+		return fr, err
+	}
+	defer prep.cleanup()
+
+	start := time.Now()
+	if _, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) { return struct{}{}, d.Suspend() }); err != nil {
+		return fr, fmt.Errorf("pause: %w", err)
+	}
+	// undo holds one step per completed change, run in reverse on error. Its
+	// first step resumes the source: a source is never left paused.
+	undo := []func(context.Context) error{func(ctx context.Context) error { return resume(ctx, dom) }}
+	defer func() {
+		if err == nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](rctx); uerr != nil {
+				if i == 0 {
+					err = fmt.Errorf("%w; resuming failed too: %v: %w", err, uerr, vmfork.ErrStillPaused)
+				} else {
+					err = fmt.Errorf("%w; rollback: %v", err, uerr)
+				}
+			}
+		}
+	}()
+	if prep.diskTarget != "" {
+		if err := d.switchDisk(ctx, dom, src, t, prep, &undo); err != nil {
+			return fr, fmt.Errorf("switch disk: %w", err)
+		}
+	}
+	if err := mon.execute(ctx, qmp.CmdMigrate, map[string]string{"uri": "fd:" + devStateFD}, nil); err != nil {
+		return fr, fmt.Errorf("save device state: %w", err)
+	}
+	if _, err := mon.waitMigration(ctx, true); err != nil {
+		return fr, fmt.Errorf("save device state: %w", err)
+	}
+	if prep.shared {
+		st, err := sharedmem.Freeze(ctx, prep.ram, t.Paths.RAM)
+		if err != nil {
+			return fr, err
+		}
+		fr.RAMCopiedBytes = st.CopiedBytes
+	} else if err := sharedmem.CreateEmpty(t.Paths.RAM, int64(src.Spec.MemoryMiB)<<20); err != nil {
+		// A fork child's RAM is private, so the device state above carried
+		// all of it; the template's RAM file only has to exist for the hook.
+		return fr, err
+	}
+	if err := grantRAM(t.Paths.RAM, prep.owner); err != nil {
+		return fr, err
+	}
+	if err := resume(ctx, dom); err != nil {
+		return fr, fmt.Errorf("resume: %w: %w", err, vmfork.ErrStillPaused)
+	}
+	undo = nil
+	fr.Pause = time.Since(start)
+	if fi, err := os.Stat(t.Paths.DevState); err == nil {
+		t.Manifest.DevStateBytes = fi.Size()
+	}
+	d.log.WithFields(logrus.Fields{"machine": src.Name, "template": t.ID, "pause": fr.Pause}).Debug("frozen")
+	return fr, nil
+}
+
+func resume(ctx context.Context, dom *libvirt.Domain) error {
+	_, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) { return struct{}{}, d.Resume() })
+	return err
+}
+
+// freezePrep is what a freeze prepares and checks before pausing the source.
+type freezePrep struct {
+	ram        string // the source's RAM file, as QEMU reports it
+	shared     bool   // whether it is mapped shared, so children can map a copy
+	owner      string // the DAC label QEMU runs as, "+UID:+GID"
+	diskTarget string // the source's disk (vda), or "" without one
+	next       string // the source's next top overlay, made ahead
+	cleanup    func()
+}
+
+func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon monitor, src *vmfork.Machine, t *vmfork.Template) (p *freezePrep, err error) {
+	p = &freezePrep{cleanup: func() {}}
+	_, live, err := liveXML(ctx, dom, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := Check(live); err != nil {
+		return nil, err
+	}
+	migXML, mig, err := liveXML(ctx, dom, libvirt.DOMAIN_XML_MIGRATABLE)
+	if err != nil {
+		return nil, err
+	}
+	info, err := mon.queryMigrate(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("query migration: %w", err)
+	}
+	if len(info.BlockedReasons) > 0 {
+		return nil, fmt.Errorf("QEMU refuses to save this domain's state: %s (detach such devices before forking): %w",
+			strings.Join(info.BlockedReasons, "; "), vmfork.ErrUnsupported)
+	}
+	if err := mon.setIgnoreShared(ctx); err != nil {
+		return nil, fmt.Errorf("set %s: %w", qmp.CmdMigrateSetCapabilities, err)
+	}
+	if err := mon.execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &p.ram); err != nil {
+		return nil, fmt.Errorf("find guest RAM file: %w", err)
+	}
+	p.owner = dacLabel(live)
+	if t.Manifest, err = d.manifest(src, mig); err != nil {
+		return nil, err
+	}
+	mb := live.MemoryBacking
+	p.shared = mb.MemoryAccess != nil && mb.MemoryAccess.Mode == "shared"
+	t.Manifest.RAMSharedWithChildren = p.shared
+	var g struct {
+		GUID string `json:"guid"`
+	}
+	if err := mon.execute(ctx, qmp.CmdQueryVMGenerationID, nil, &g); err != nil {
+		return nil, fmt.Errorf("query vmgenid: %w", err)
+	}
+	t.VMGenID = g.GUID
+	if err := writeFileAtomic(filepath.Join(t.Paths.Dir, FileSourceXML), []byte(migXML), 0o600); err != nil {
+		return nil, fmt.Errorf("save source domain XML: %w", err)
+	}
+	if src.Spec.Disk != "" {
+		if err := prepareDisk(ctx, live, src, t, p); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.OpenFile(t.Paths.DevState, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		p.cleanup()
+		return nil, fmt.Errorf("create device-state file: %w", err)
+	}
+	defer f.Close()
+	if err := mon.passFile(ctx, devStateFD, f); err != nil {
+		p.cleanup()
+		return nil, fmt.Errorf("pass device-state file: %w", err)
+	}
+	prev := p.cleanup
+	p.cleanup = func() {
+		prev()
+		// Harmless when migrate already took the fd.
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		mon.execute(cctx, qmp.CmdCloseFD, map[string]string{"fdname": devStateFD}, nil)
+	}
+	return p, nil
+}
+
+// prepareDisk makes the source's next top overlay on the template's name of
+// its current top, before the pause.
+func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machine, t *vmfork.Template, p *freezePrep) error {
+	for _, disk := range live.Devices.Disks {
+		if disk.Source != nil && disk.Source.File != nil && filepath.Clean(disk.Source.File.File) == filepath.Clean(src.Paths.Disk) {
+			p.diskTarget = diskName(&disk)
+		}
+	}
+	if p.diskTarget == "" {
+		return fmt.Errorf("domain %q has no disk %s", src.Name, src.Paths.Disk)
+	}
+	chain, err := overlay.Chain(src.Paths.Disk)
+	if err != nil {
+		return err
+	}
+	if p.next, err = nextTopPath(src); err != nil {
+		return err
+	}
+	if err := overlay.CreateOn(ctx, t.Paths.Disk, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
+		return err
+	}
+	p.cleanup = func() {
+		if src.Paths.Disk != p.next { // not switched: the overlay is unused
+			os.Remove(p.next)
+		}
+	}
+	return nil
+}
+
+// switchDisk makes the source's current top the template's frozen disk (a
+// second name, a hard link: QEMU reopens images by the names it knows) and
+// moves the source onto the overlay made for it, through a disk-only
+// external snapshot that reuses that overlay and keeps no libvirt metadata.
+func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, undo *[]func(context.Context) error) error {
+	if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
+		return err
+	}
+	*undo = append(*undo, func(context.Context) error { return os.Remove(t.Paths.Disk) })
+	snap := &libvirtxml.DomainSnapshot{
+		Disks: &libvirtxml.DomainSnapshotDisks{Disks: []libvirtxml.DomainSnapshotDisk{{
+			Name:     p.diskTarget,
+			Snapshot: "external",
+			Driver:   &libvirtxml.DomainDiskDriver{Type: "qcow2"},
+			Source:   &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: p.next}},
+		}}},
+	}
+	x, err := snap.Marshal()
+	if err != nil {
+		return err
+	}
+	flags := libvirt.DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | libvirt.DOMAIN_SNAPSHOT_CREATE_NO_METADATA |
+		libvirt.DOMAIN_SNAPSHOT_CREATE_ATOMIC | libvirt.DOMAIN_SNAPSHOT_CREATE_REUSE_EXT
+	if _, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) {
+		s, err := d.CreateSnapshotXML(x, flags)
+		if err == nil {
+			s.Free()
+		}
+		return struct{}{}, err
+	}); err != nil {
+		return err
+	}
+	// From here the source writes to its new overlay, on top of the frozen
+	// disk; that cannot be undone, and need not be: only resume remains.
+	src.Paths.Disk = p.next
+	*undo = (*undo)[:1]
+	return nil
+}
+
+// nextTopPath names the overlay a source moves to at its next fork:
+// disk.1.qcow2, disk.2.qcow2, ... in the machine's directory.
+func nextTopPath(m *vmfork.Machine) (string, error) {
+	for n := 1; n < 1<<20; n++ {
+		p := filepath.Join(m.Paths.Dir, fmt.Sprintf("disk.%d.qcow2", n))
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no free overlay name in %s", m.Paths.Dir)
+}
+
+// dacLabel returns the "+UID:+GID" QEMU runs as, from a live definition.
+func dacLabel(live *libvirtxml.Domain) string {
+	for _, s := range live.SecLabel {
+		if s.Model == "dac" && s.Label != "" {
+			return s.Label
+		}
+	}
+	return ""
+}
+
+// grantRAM lets the children's QEMU open the template: QEMU 7.2 opens a
+// mem-path O_RDWR even to map it privately (readonly=on would make guest RAM
+// a ROM), and libvirt drops CAP_DAC_OVERRIDE from a QEMU it runs as root, so
+// the owner must be QEMU's user with read and write permission. The file is
+// still never written: children map it MAP_PRIVATE.
+func grantRAM(path, owner string) error {
+	if uid, gid, ok := parseDACLabel(owner); ok && (uid != os.Geteuid() || gid != os.Getegid()) {
+		if err := os.Chown(path, uid, gid); err != nil {
+			return fmt.Errorf("template RAM: %w", err)
+		}
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		return fmt.Errorf("template RAM: %w", err)
+	}
+	return nil
+}
+
+// manifest describes what a template needs of the host that loads it.
+func (d *Driver) manifest(m *vmfork.Machine, mig *libvirtxml.Domain) (vmfork.Manifest, error) {
+	v, err := d.conn.GetVersion()
+	if err != nil {
+		return vmfork.Manifest{}, fmt.Errorf("QEMU version: %w", wrap(err))
+	}
+	mt := ""
+	if mig.OS != nil && mig.OS.Type != nil {
+		mt = mig.OS.Type.Machine
+	}
+	cpu := ""
+	if mig.CPU != nil && mig.CPU.Model != nil {
+		cpu = mig.CPU.Model.Value
+	}
+	return vmfork.Manifest{
+		QEMUVersion: fmt.Sprintf("%d.%d.%d", v/1000000, v/1000%1000, v%1000),
+		MachineType: mt,
+		CPUModel:    cpu,
+		MemoryMiB:   m.Spec.MemoryMiB,
+		CPUs:        m.Spec.CPUs,
+		Devices:     GuestVisible(mig),
+	}, nil
+}

@@ -1,0 +1,222 @@
+//go:build cgo
+
+package libvirtdrv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"libvirt.org/go/libvirt"
+
+	"github.com/vmfork/vmfork/qmp"
+)
+
+// virError gives a libvirt error libvirt's own one-line message and keeps its
+// code for errors.Is(err, libvirt.ERR_NO_DOMAIN) and the like.
+type virError struct{ e libvirt.Error }
+
+func (v virError) Error() string { return v.e.Message }
+func (v virError) Unwrap() error { return v.e }
+
+func wrap(err error) error {
+	var le libvirt.Error
+	if errors.As(err, &le) {
+		return virError{le}
+	}
+	return err
+}
+
+// call runs f, a libvirt call that takes no context, and returns when it does
+// or when ctx ends, whichever is first. libvirt has no way to cancel most
+// calls; an abandoned one finishes on its own (the domain reference it uses
+// is its own, so it outlives the caller's), and its result is dropped.
+func call[T any](ctx context.Context, dom *libvirt.Domain, f func(*libvirt.Domain) (T, error)) (T, error) {
+	if err := dom.Ref(); err != nil {
+		var zero T
+		return zero, wrap(err)
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer dom.Free()
+		v, err := f(dom)
+		done <- result{v, wrap(err)}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// monitor is QMP through libvirt's passthrough
+// (virDomainQemuMonitorCommand[WithFiles]). libvirt owns the QMP socket, so
+// every command vmfork needs beyond libvirt's API goes this way; libvirt
+// marks the domain tainted (custom-monitor), which changes nothing else.
+type monitor struct {
+	dom *libvirt.Domain
+	log *logrus.Entry
+}
+
+// execute runs one QMP command. A QMP error comes back inside libvirt's reply
+// string, not as a libvirt error (src/qemu/qemu_monitor_json.c); it is
+// returned as a *qmp.Error, like the embedded driver's monitor does.
+func (m monitor) execute(ctx context.Context, cmd string, args, result any) error {
+	return m.executeWithFile(ctx, cmd, args, nil, result)
+}
+
+// executeWithFile runs one QMP command with f passed to QEMU (libvirt ≥ 8.2
+// passes at most one file per command).
+func (m monitor) executeWithFile(ctx context.Context, cmd string, args any, f *os.File, result any) error {
+	req := map[string]any{"execute": cmd}
+	if args != nil {
+		req["arguments"] = args
+	}
+	data, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("qmp: %s: encode arguments: %w", cmd, err)
+	}
+	m.log.WithField("qmp_cmd", cmd).Debug("qmp command through libvirt")
+	reply, err := call(ctx, m.dom, func(d *libvirt.Domain) (string, error) {
+		if f == nil {
+			return d.QemuMonitorCommand(string(data), libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
+		}
+		s, _, err := d.QemuMonitorCommandWithFiles(string(data), []os.File{*f}, libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
+		return s, err
+	})
+	if err != nil {
+		return fmt.Errorf("qmp: %s: %w", cmd, err)
+	}
+	var r struct {
+		Return json.RawMessage `json:"return"`
+		Error  *struct {
+			Class string `json:"class"`
+			Desc  string `json:"desc"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(reply), &r); err != nil {
+		return fmt.Errorf("qmp: %s: decode reply %.80q: %w", cmd, reply, err)
+	}
+	if r.Error != nil {
+		return &qmp.Error{Command: cmd, Class: r.Error.Class, Desc: r.Error.Desc}
+	}
+	if result == nil {
+		return nil
+	}
+	if err := json.Unmarshal(r.Return, result); err != nil {
+		return fmt.Errorf("qmp: %s: decode reply: %w", cmd, err)
+	}
+	return nil
+}
+
+func (m monitor) queryMigrate(ctx context.Context) (qmp.MigrationInfo, error) {
+	var info qmp.MigrationInfo
+	err := m.execute(ctx, qmp.CmdQueryMigrate, nil, &info)
+	return info, err
+}
+
+func (m monitor) setIgnoreShared(ctx context.Context) error {
+	caps := []qmp.Capability{{Name: qmp.CapXIgnoreShared, State: true}}
+	return m.execute(ctx, qmp.CmdMigrateSetCapabilities, map[string]any{"capabilities": caps}, nil)
+}
+
+// passFile hands f to QEMU under name, for an "fd:name" migration URI. QEMU
+// keeps its own copy, so the caller closes f.
+func (m monitor) passFile(ctx context.Context, name string, f *os.File) error {
+	return m.executeWithFile(ctx, qmp.CmdGetFD, map[string]string{"fdname": name}, f, nil)
+}
+
+// waitMigration polls query-migrate until the migration ends. Every terminal
+// state is handled; when ctx ends, an outgoing migration is cancelled (the
+// libvirt job is ours, made by passthrough, so libvirt would not abort it).
+func (m monitor) waitMigration(ctx context.Context, outgoing bool) (qmp.MigrationInfo, error) {
+	start := time.Now()
+	t := time.NewTicker(migrationPoll)
+	defer t.Stop()
+	last := ""
+	for {
+		info, err := m.queryMigrate(ctx)
+		if err != nil {
+			if ctx.Err() != nil && outgoing {
+				m.cancelMigration()
+			}
+			return info, fmt.Errorf("wait for migration (last status %q after %v): %w", last, time.Since(start).Round(time.Millisecond), err)
+		}
+		if info.Status != last {
+			m.log.WithField("status", info.Status).Debug("migration status")
+			last = info.Status
+		}
+		switch info.Status {
+		case qmp.MigrationCompleted:
+			return info, nil
+		case qmp.MigrationFailed, qmp.MigrationCancelled:
+			desc := info.ErrorDesc
+			if desc == "" {
+				desc = info.Status
+			}
+			return info, fmt.Errorf("wait for migration: %w: %s", qmp.ErrMigrationFailed, desc)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			if outgoing {
+				m.cancelMigration()
+			}
+			return info, fmt.Errorf("wait for migration (last status %q after %v): %w", last, time.Since(start).Round(time.Millisecond), ctx.Err())
+		}
+	}
+}
+
+func (m monitor) cancelMigration() {
+	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+	defer cancel()
+	if err := m.execute(ctx, qmp.CmdMigrateCancel, nil, nil); err != nil {
+		m.log.WithError(err).Debug("migrate_cancel failed")
+	}
+}
+
+// agentTransport carries guest-agent requests over virDomainQemuAgentCommand,
+// which returns the same reply objects as the agent's socket: qmp.Agent runs
+// unchanged on top of it. It holds its own domain reference until Close.
+type agentTransport struct {
+	dom  *libvirt.Domain
+	once sync.Once
+	err  error
+}
+
+var _ qmp.Transport = (*agentTransport)(nil)
+
+// Command implements qmp.Transport. libvirt waits for an agent reply with a
+// timeout in whole seconds, taken from ctx's deadline (at least 1 s), or its
+// default (5 s) without one; the agent's error replies become libvirt errors.
+func (t *agentTransport) Command(ctx context.Context, req []byte) ([]byte, error) {
+	timeout := libvirt.DOMAIN_QEMU_AGENT_COMMAND_DEFAULT
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = libvirt.DomainQemuAgentCommandTimeout(max(1, int(math.Ceil(time.Until(dl).Seconds()))))
+	}
+	reply, err := call(ctx, t.dom, func(d *libvirt.Domain) (string, error) {
+		return d.QemuAgentCommand(string(req), timeout, 0)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []byte(reply), nil
+}
+
+// Close implements qmp.Transport. Idempotent.
+func (t *agentTransport) Close() error {
+	t.once.Do(func() { t.err = wrap(t.dom.Free()) })
+	return t.err
+}

@@ -1,0 +1,166 @@
+//go:build integration
+
+package tests
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConformance runs the one suite every driver must pass, once per driver:
+// the embedded QEMU driver (no flags) and libvirt (--connect). A driver is
+// selected by CLI flags only; the suite sees nothing else of it.
+func TestConformance(t *testing.T) {
+	drivers := []struct {
+		name string
+		args []string
+	}{
+		{"qemu", nil},
+		{"libvirt", []string{"--connect", libvirtURI}},
+	}
+	for _, drv := range drivers {
+		t.Run(drv.name, func(t *testing.T) { conformance(t, drv.args) })
+	}
+}
+
+// conformance is the suite. Its behaviours run in order on one source
+// machine (booting a guest under TCG takes seconds), each as a subtest; once
+// one fails, the rest would only repeat its failure and are not run.
+func conformance(t *testing.T, args []string) {
+	d := newDriverEnv(t, args)
+	src := d.n("src")
+	kids := []string{src + "-1", src + "-2", src + "-3"}
+	grandchild := d.n("grandchild")
+	var tpl string
+	steps := []struct {
+		name string
+		fn   func(t *testing.T)
+	}{
+		{"Boot", func(t *testing.T) {
+			m := d.bootGuest(src)
+			if m.Name != src || m.State != "running" || m.MemoryMiB != 256 || m.CPUs != 1 {
+				t.Errorf("boot = %+v, want %s running with 256 MiB and 1 CPU", m, src)
+			}
+			ls := d.machines()[src]
+			if got := d.driverOf(src); ls.State != "running" || got != d.driver {
+				t.Errorf("ls = %+v under driver %q, want running under driver %q", ls, got, d.driver)
+			}
+			if !exists(ls.Serial) || !exists(ls.Disk) {
+				t.Errorf("serial log %q or disk %q missing", ls.Serial, ls.Disk)
+			}
+		}},
+		{"Exec", func(t *testing.T) {
+			if got := strings.TrimSpace(d.run(src, "uname", "-r")); got != d.guest.KernelRelease {
+				t.Errorf("uname -r = %q, want %q", got, d.guest.KernelRelease)
+			}
+			r := d.cli("exec", src, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+			if r.code != 3 || r.stdout != "out\n" || r.stderr != "err\n" {
+				t.Errorf("exec = %s, want exit 3, out\\n, err\\n", r)
+			}
+			if r := d.cliOK("exec", src, "--stdin", "--", "cat"); r.stdout != "" {
+				t.Errorf("cat with empty stdin printed %q", r.stdout)
+			}
+		}},
+		{"Fork", func(t *testing.T) {
+			pid := strings.TrimSpace(d.run(src, "vmfork-counter", "start"))
+			time.Sleep(time.Second)
+			before := d.count(src)
+			var res forkJSON
+			d.cliJSON(&res, "fork", src, "--count", "3")
+			after := d.count(src)
+			if len(res.Children) != 3 || len(res.Failed) != 0 || res.PauseMS <= 0 {
+				t.Fatalf("fork = %+v, want 3 children and a measured pause", res)
+			}
+			tpl = res.Template
+			for i, c := range res.Children {
+				if c.Name != kids[i] || c.State != "running" || c.ReadyMS <= 0 {
+					t.Errorf("child %d = %+v, want %s running", i, c, kids[i])
+				}
+			}
+			for _, k := range kids {
+				if got := strings.TrimSpace(d.run(k, "cat", "/run/counter.pid")); got != pid {
+					t.Errorf("%s: counter pid %s, want the source's %s", k, got, pid)
+				}
+				// It continued from the fork point: not restarted, not from
+				// the future.
+				if c := d.count(k); c < before || c > after+50 {
+					t.Errorf("%s: counter %d, want it to continue from %d..%d", k, c, before, after)
+				}
+			}
+			c := d.count(src)
+			time.Sleep(1200 * time.Millisecond)
+			if got := d.count(src); got <= c {
+				t.Errorf("source counter stuck at %d after the fork", got)
+			}
+			for _, m := range kids {
+				if got := d.machines()[m]; got.Parent != src || got.Template != tpl {
+					t.Errorf("ls: %s parent/template = %q/%q, want %s/%s", m, got.Parent, got.Template, src, tpl)
+				}
+			}
+		}},
+		{"Identity", func(t *testing.T) {
+			// Children share the source's RNG state at the fork; the new
+			// vmgenid each one gets makes its kernel reseed.
+			seen := map[string]string{}
+			for _, m := range append([]string{src}, kids...) {
+				r := strings.TrimSpace(d.run(m, "sh", "-c", "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"))
+				if len(r) != 32 {
+					t.Fatalf("%s: urandom read %q", m, r)
+				}
+				if other, dup := seen[r]; dup {
+					t.Errorf("%s and %s read the same urandom bytes %s", m, other, r)
+				}
+				seen[r] = m
+			}
+		}},
+		{"ForkOfFork", func(t *testing.T) {
+			// A child's RAM is private: its fork carries all of it in the
+			// device state, and still continues from the instant.
+			d.run(kids[0], "sh", "-c", "echo grand > /run/mark")
+			d.cliOK("fork", kids[0], grandchild)
+			want := d.run(kids[0], "cat", "/run/counter.pid") + "grand\n"
+			if got := d.run(grandchild, "cat", "/run/counter.pid", "/run/mark"); got != want {
+				t.Errorf("grandchild sees %q, want %q", got, want)
+			}
+		}},
+		{"Stop", func(t *testing.T) {
+			d.cliOK("stop", kids[2], "--force")
+			if m := d.machines()[kids[2]]; m.State != "stopped" {
+				t.Errorf("ls after stop: %s is %q, want stopped", kids[2], m.State)
+			}
+			if r := d.cli("exec", kids[2], "--", "true"); r.code == 0 || !strings.Contains(r.stderr, "not running") {
+				t.Errorf("exec on a stopped child: %s, want an error saying it is not running", r)
+			}
+			d.run(kids[1], "true") // its siblings run on
+		}},
+		{"Remove", func(t *testing.T) {
+			tplRAM := filepath.Join(d.memDir, tpl+".ram")
+			d.cliOK(append([]string{"rm", grandchild}, kids...)...)
+			if exists(tplRAM) || exists(filepath.Join(d.stateDir, "templates", tpl)) {
+				t.Errorf("template %s still there after its last child was removed", tpl)
+			}
+			if got := d.count(src); got <= 0 {
+				t.Errorf("source counter %d after its children went", got)
+			}
+			d.cliOK("rm", src)
+			for _, g := range []string{filepath.Join(d.stateDir, "machines", "*"), filepath.Join(d.stateDir, "templates", "*"), filepath.Join(d.memDir, "*")} {
+				if left, _ := filepath.Glob(g); len(left) != 0 {
+					t.Errorf("left after removing everything: %v", left)
+				}
+			}
+			if left := d.leftovers(); len(left) != 0 {
+				t.Errorf("still running after removing everything: %v", left)
+			}
+			if ms := d.machines(); len(ms) != 0 {
+				t.Errorf("ls after rm = %v, want nothing", ms)
+			}
+		}},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.fn) {
+			t.Fatalf("%s failed; the later behaviours build on it", s.name)
+		}
+	}
+}
