@@ -7,7 +7,7 @@ GUEST_OUT ?= $(CURDIR)/tests/guest/out
 BIN       ?= $(CURDIR)/bin/vmfork
 GO        ?= go
 
-.PHONY: all deps build guest demo test unit integration bench vet clean
+.PHONY: all deps build guest demo test unit integration bench bench-peers bench-burst bench-scale bench-all vet clean
 
 all: build
 
@@ -39,6 +39,22 @@ integration: deps build guest
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
 bench: deps build guest
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
+
+# Side by side (docs/BENCHMARKS.md): vmfork against the bare-QEMU floor, a
+# warm-pool prototype, libvirt save+restore and a cold boot; a 100-child
+# burst; how the cost grows with guest RAM and children. Tables on stdout,
+# plots into docs/. Each takes minutes and loads every core.
+bench-peers: deps build guest
+	@scripts/libvirtd.sh
+	$(BIN) bench peers --guest $(GUEST_OUT) --plot docs/bench-peers.svg
+
+bench-burst: deps build guest
+	$(BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg
+
+bench-scale: deps build guest
+	$(BIN) bench scale --guest $(GUEST_OUT) --plot docs/bench-scale.svg
+
+bench-all: bench-peers bench-burst bench-scale
 
 test: deps vet unit integration
 

@@ -98,6 +98,8 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			stopCommand,
 			rmCommand,
 			logsCommand,
+			benchCommand,
+			libvirtCommand,
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
 		ExitErrHandler: func(*cli.Context, error) {

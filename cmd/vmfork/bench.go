@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/tests/bench"
+)
+
+var benchCommand = &cli.Command{
+	Name:  "bench",
+	Usage: "measure vmfork against its peers on this host: peers, burst, scale",
+	Description: `Boots the project's test guest (make guest) and measures, in one run on this
+host, what vmfork costs next to what you would do without it. Every figure comes
+with its reference from the same run; compare ratios, not absolutes.
+
+   vmfork bench peers     one child made each way: vmfork fork, the bare-QEMU
+                          floor, a warm-pool prototype, libvirt save+restore,
+                          a cold boot; time to running and ready, memory (PSS)
+   vmfork bench burst     N children from one source in one fork call
+   vmfork bench scale     pause and child time as guest RAM and children grow
+
+Each prints a table on stdout (one JSON document with --json), writes an SVG
+plot with --plot FILE and shows progress on stderr. The run uses its own
+temporary state dir, mem dir and libvirt domains, and removes all of them when
+it ends, also on failure or Ctrl-C. It needs root (QEMU, libvirt) and, for the
+libvirt comparator, a running libvirtd (scripts/libvirtd.sh starts one).
+Full-size runs take many minutes and load every core: on a shared host, try
+small sizes first (--memory 256M --rounds 1, --count 5).`,
+	Subcommands: []*cli.Command{benchPeersCommand, benchBurstCommand, benchScaleCommand},
+}
+
+// Flags every bench subcommand has.
+var benchCommonFlags = []cli.Flag{
+	&cli.StringFlag{Name: "guest", Usage: "directory of the built test guest (vmlinuz, initrd.gz, data.qcow2)", Value: defaultGuestDir(), EnvVars: []string{"VMFORK_GUEST"}},
+	&cli.StringFlag{Name: "plot", Usage: "also write the figures as an SVG image to `FILE`"},
+	&cli.DurationFlag{Name: "settle", Usage: "how long each child runs after it answered before its memory is read", Value: 2 * time.Second},
+	jsonFlag,
+}
+
+var benchPeersCommand = &cli.Command{
+	Name:  "peers",
+	Usage: "one child each way, alternated over rounds: medians and ratios",
+	Description: `For each --memory size, boots a source (a counter runs in it) and a plain
+libvirt domain of the same guest, then per round makes one child each way, in
+an order that rotates between rounds:
+
+   vmfork fork           the live fork of the running source (ForkResult's times)
+   floor                 a bare qemu-system-x86_64 -incoming defer of the same
+                         configuration loading the same template, timed from
+                         spawn; nothing of vmfork around it
+   warm pool             the floor's QEMU started before the clock, as a pool of
+                         -incoming defer processes for a kept template would
+                         have it (a prototype in the harness, not in vmfork)
+   libvirt save+restore  virsh save (the domain stops), virsh restore of a copy
+                         of the save file, until guest-ping answers through
+                         libvirt. A restored copy cannot run next to its
+                         original (same name and uuid), so the restore is the
+                         per-child time and the source's pause is save+restore
+   cold boot             the same guest booted from scratch
+
+RUNNING is until the child's vCPUs run, AGENT ANSWERS until its guest agent
+first answers, READY until it is usable: for vmfork that is after its identity
+chain (hostname, MAC, machine-id, keys...), which a libvirt clone does not get.
+PSS is read --settle after READY, counting the template pages a child touched
+in full (as if it were its template's only child), and is split into guest RAM,
+TCG code, QEMU's other anonymous memory and files. The targets of issue 6 are
+checked at the end of each table.
+
+   vmfork bench peers --memory 256M --rounds 1          (a quick look)
+   vmfork bench peers --plot docs/bench-peers.svg       (512M and 2G, 5 rounds)`,
+	Flags: append([]cli.Flag{
+		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM sizes, comma-separated", Value: "512M,2G"},
+		&cli.IntFlag{Name: "rounds", Usage: "children made each way per size", Value: 5},
+		&cli.StringFlag{Name: "libvirt", Usage: "libvirt URI of the save/restore comparator", Value: "qemu:///system"},
+		&cli.BoolFlag{Name: "no-libvirt", Usage: "leave the libvirt comparator out"},
+	}, benchCommonFlags...),
+	Action: func(cliCtx *cli.Context) error {
+		mems, err := parseMemories(cliCtx.String("memory"))
+		if err != nil {
+			return err
+		}
+		opt := bench.PeersOptions{MemoryMiB: mems, Rounds: cliCtx.Int("rounds")}
+		if opt.Rounds < 1 {
+			return usageError{fmt.Errorf("--rounds %d: want at least 1", opt.Rounds)}
+		}
+		uri := cliCtx.String("libvirt")
+		if cliCtx.Bool("no-libvirt") {
+			uri = ""
+		}
+		return runBench(cliCtx, uri, func(ctx context.Context, e *bench.Env) (benchResult, error) {
+			return bench.Peers(ctx, e, opt)
+		})
+	},
+}
+
+var benchBurstCommand = &cli.Command{
+	Name:  "burst",
+	Usage: "N children from one source in one fork call, as a VDI morning",
+	Description: `Boots one source and forks --count children from it in one call, --parallel
+started at once. Reports the source's pause, the time until every child's guest
+agent answered, children per second, a curve of ready children over time, the
+children's total and per-child PSS against N x guest RAM, and the host's
+MemAvailable before and after. The children are removed at the end.
+
+   vmfork bench burst --count 5                      (a quick look)
+   vmfork bench burst --plot docs/bench-burst.svg    (100 children of 256 MiB)`,
+	Flags: append([]cli.Flag{
+		&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "children", Value: 100},
+		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "children started at once", Value: 4},
+		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM", Value: "256M"},
+		&cli.BoolFlag{Name: "busy", Usage: "run the test guest's counter in the source (and so in every child); by default it idles, as desktops waiting for their users do"},
+	}, benchCommonFlags...),
+	Action: func(cliCtx *cli.Context) error {
+		mem, err := vmfork.ParseMemory(cliCtx.String("memory"))
+		if err != nil {
+			return usageError{fmt.Errorf("--memory: %w", err)}
+		}
+		opt := bench.BurstOptions{Count: cliCtx.Int("count"), Parallel: cliCtx.Int("parallel"), MemoryMiB: mem, Busy: cliCtx.Bool("busy")}
+		if opt.Count < 1 || opt.Parallel < 1 {
+			return usageError{errors.New("--count and --parallel must be at least 1")}
+		}
+		return runBench(cliCtx, "", func(ctx context.Context, e *bench.Env) (benchResult, error) {
+			return bench.Burst(ctx, e, opt)
+		})
+	},
+}
+
+var benchScaleCommand = &cli.Command{
+	Name:  "scale",
+	Usage: "pause and child time as guest RAM and children per call grow",
+	Description: `Two sweeps. By guest RAM: a source of each --memory size, one child per
+fork call, --rounds times. By children per call: one source of --child-memory,
+forked into each --children count, --rounds times. Reports medians and the
+growth exponent k (time ~ size^k) from the first to the last point: 1 grows as
+fast as guest RAM, 0 not at all.
+
+   vmfork bench scale --memory 256M,512M --children 1,2 --rounds 1   (quick)
+   vmfork bench scale --plot docs/bench-scale.svg                    (full)`,
+	Flags: append([]cli.Flag{
+		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM sizes of the RAM sweep", Value: "256M,512M,1G,2G,4G"},
+		&cli.StringFlag{Name: "children", Usage: "children per call of the children sweep", Value: "1,2,4,8,16,32"},
+		&cli.StringFlag{Name: "child-memory", Usage: "guest RAM of the children sweep", Value: "256M"},
+		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "children started at once", Value: 4},
+		&cli.IntFlag{Name: "rounds", Usage: "fork calls per point", Value: 3},
+	}, benchCommonFlags...),
+	Action: func(cliCtx *cli.Context) error {
+		mems, err := parseMemories(cliCtx.String("memory"))
+		if err != nil {
+			return err
+		}
+		kids, err := parseInts(cliCtx.String("children"))
+		if err != nil {
+			return err
+		}
+		cm, err := vmfork.ParseMemory(cliCtx.String("child-memory"))
+		if err != nil {
+			return usageError{fmt.Errorf("--child-memory: %w", err)}
+		}
+		opt := bench.ScaleOptions{MemoryMiB: mems, Children: kids, ChildMemoryMiB: cm,
+			Parallel: cliCtx.Int("parallel"), Rounds: cliCtx.Int("rounds")}
+		if opt.Rounds < 1 || opt.Parallel < 1 {
+			return usageError{errors.New("--rounds and --parallel must be at least 1")}
+		}
+		return runBench(cliCtx, "", func(ctx context.Context, e *bench.Env) (benchResult, error) {
+			return bench.Scale(ctx, e, opt)
+		})
+	},
+}
+
+// benchResult is what every experiment returns.
+type benchResult interface {
+	WriteTable(io.Writer) error
+	Figure() bench.Figure
+}
+
+// runBench sets a run up, runs it, prints what it measured (also a partial
+// result before an error) and removes everything the run started.
+func runBench(cliCtx *cli.Context, libvirtURI string, run func(context.Context, *bench.Env) (benchResult, error)) (err error) {
+	plot := cliCtx.String("plot")
+	if plot != "" && !strings.EqualFold(filepath.Ext(plot), ".svg") {
+		return usageError{fmt.Errorf("--plot %s: only SVG is written; name the file .svg", plot)}
+	}
+	guest, err := filepath.Abs(cliCtx.String("guest"))
+	if err != nil {
+		return usageError{err}
+	}
+	ctx, cancel := appContext(cliCtx)
+	defer cancel()
+	cfg := bench.Config{GuestDir: guest, LibvirtURI: libvirtURI, Settle: cliCtx.Duration("settle")}
+	if !cliCtx.Bool("quiet") {
+		cfg.Progress = newProgress(os.Stderr)
+	}
+	if logrus.GetLevel() >= logrus.DebugLevel {
+		cfg.Log, cfg.Debug = os.Stderr, true
+	}
+	e, err := bench.NewEnv(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "vmfork bench: interrupted; removing everything the run started")
+		}
+		if cerr := e.Close(ctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("bench cleanup: %w", cerr))
+		}
+	}()
+	res, err := run(ctx, e)
+	if cfg.Progress != nil {
+		fmt.Fprintln(os.Stderr)
+	}
+	// Every experiment returns what it measured, also with an error; after
+	// a Ctrl-C the user wants the prompt back, not half a table.
+	if ctx.Err() != nil {
+		return err
+	}
+	if plot != "" {
+		if perr := writePlot(plot, res.Figure()); perr != nil {
+			err = errors.Join(err, perr)
+		}
+	}
+	if cliCtx.Bool("json") {
+		return errors.Join(err, printJSON(res))
+	}
+	return errors.Join(err, res.WriteTable(os.Stdout))
+}
+
+// writePlot writes the SVG through a temporary file, so a reader never sees
+// half a plot.
+func writePlot(path string, f bench.Figure) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := f.WriteSVG(tmp); err != nil {
+		tmp.Close()
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// newProgress reports steps on w: one redrawn line with a bar on a
+// terminal, a line per step otherwise (logs, CI).
+func newProgress(w *os.File) func(bench.Progress) {
+	_, terr := unix.IoctlGetTermios(int(w.Fd()), unix.TCGETS)
+	tty := terr == nil
+	start := time.Now()
+	return func(p bench.Progress) {
+		elapsed := time.Since(start).Round(time.Second)
+		if !tty {
+			fmt.Fprintf(w, "[%d/%d %v] %s\n", p.Done, p.Total, elapsed, p.Step)
+			return
+		}
+		const width = 24
+		n := 0
+		if p.Total > 0 {
+			n = width * p.Done / p.Total
+		}
+		bar := strings.Repeat("#", n) + strings.Repeat(".", width-n)
+		line := fmt.Sprintf("[%s] %d/%d %v %s", bar, p.Done, p.Total, elapsed, p.Step)
+		if len(line) > 110 {
+			line = line[:110]
+		}
+		fmt.Fprintf(w, "\r\033[K%s", line)
+	}
+}
+
+// defaultGuestDir is tests/guest/out of the repository this binary was
+// built in (bin/vmfork sits in the repository), else of the current
+// directory. VMFORK_GUEST overrides it.
+func defaultGuestDir() string {
+	if exe, err := os.Executable(); err == nil {
+		dir := filepath.Join(filepath.Dir(filepath.Dir(exe)), "tests", "guest", "out")
+		if _, err := os.Stat(filepath.Join(dir, "vmlinuz")); err == nil {
+			return dir
+		}
+	}
+	return filepath.Join("tests", "guest", "out")
+}
+
+func parseMemories(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		m, err := vmfork.ParseMemory(f)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--memory: %w", err)}
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, usageError{fmt.Errorf("--children %q: want positive numbers separated by commas", s)}
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

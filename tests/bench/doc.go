@@ -1,0 +1,25 @@
+// Package bench is vmfork's side-by-side benchmark harness, behind
+// `vmfork bench peers|burst|scale`. It boots the project's test guest and
+// measures vmfork against what a user has without it, on the same host in
+// the same run, so that every figure comes with its reference:
+//
+//   - vmfork fork: Manager.Fork in-process with the embedded QEMU driver;
+//     time to running and to ready are ForkResult's.
+//   - the floor: a bare qemu-system-x86_64 -incoming defer with the same
+//     argv, loading the same template (nothing of vmfork around it).
+//   - a warm pool prototype: the floor's QEMU started before the clock, as
+//     a pool of -incoming defer processes for a kept template would have
+//     it. It exists here only, to size what such a pool would buy.
+//   - libvirt save/restore: a plain transient libvirt domain of the same
+//     guest, `virsh save`, then `virsh restore` of a copy of the save file.
+//   - cold boot: the same guest booted from scratch.
+//
+// Every child is read (PSS from /proc/PID/smaps_rollup) at the same age
+// after it answered. An Env owns everything a run starts: its own vmfork
+// state and mem dirs, the QEMU processes it spawns, its libvirt domains.
+// Env.Close removes all of it, also after an error or a Ctrl-C.
+//
+// The harness needs root (or a user allowed to run QEMU and libvirt), a
+// built test guest, and libvirtd for the libvirt comparator. Its unit tests
+// boot nothing.
+package bench

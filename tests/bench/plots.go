@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+)
+
+// Colours: one per phase in the time bars, one per kind of memory in the
+// memory bars, the same in every plot.
+const (
+	colRunning  = "#1971c2"
+	colAgent    = "#74c0fc"
+	colIdentity = "#9c36b5"
+	colBoot     = "#adb5bd"
+	colVmfork   = "#2f9e44"
+	colOther    = "#868e96"
+	colLibvirt  = "#e8590c"
+	colBudget   = "#c92a2a"
+	colGuestRAM = "#e8590c"
+	colTCG      = "#fab005"
+	colFiles    = "#ced4da"
+)
+
+// Figure draws the peers comparison: per RAM size, time to ready split at
+// "running", and memory per child.
+func (r *PeersResult) Figure() Figure {
+	f := Figure{
+		Title:   "vmfork vs. its peers: one running copy of a running guest",
+		Notes:   []string{"host: " + r.Host.Short(), fmt.Sprintf("medians of %d rounds; methods alternate order each round; PSS read %s after the child answered", r.Rounds, fmtMS(r.SettleMS))},
+		Columns: 2,
+	}
+	for _, sz := range r.Sizes {
+		var times, mem []Bar
+		for _, s := range sz.Summary {
+			segs := []Segment{{Name: "until running", Value: s.RunningMS, Color: colRunning},
+				{Name: "until the agent answers", Value: s.AgentMS - s.RunningMS, Color: colAgent},
+				{Name: "identity chain", Value: s.ReadyMS - s.AgentMS, Color: colIdentity}}
+			if s.RunningMS == 0 {
+				segs = []Segment{{Name: "boot until the agent answers", Value: s.ReadyMS, Color: colBoot}}
+			}
+			times = append(times, Bar{Label: s.Label, Segments: segs, Text: fmtMS(s.ReadyMS)})
+			m := s.Memory
+			mem = append(mem, Bar{Label: s.Label, Text: fmtBytes(s.PSSBytes), Segments: []Segment{
+				{Name: "guest RAM", Value: mib(m.GuestRAMBytes), Color: colGuestRAM},
+				{Name: "TCG code", Value: mib(m.TCGBytes), Color: colTCG},
+				{Name: "QEMU anon", Value: mib(m.AnonBytes), Color: colOther},
+				{Name: "files", Value: mib(m.FileBytes), Color: colFiles},
+			}})
+		}
+		f.Panels = append(f.Panels,
+			BarPanel{Title: fmt.Sprintf("%s guest: child time to ready", memLabel(sz.MemoryMiB)), Unit: "ms", Bars: times, Clip: true},
+			BarPanel{Title: fmt.Sprintf("%s guest: memory per child (PSS)", memLabel(sz.MemoryMiB)), Unit: "MiB", Bars: mem})
+		for _, ra := range sz.Ratios {
+			if ra.Met != nil {
+				f.Notes = append(f.Notes, fmt.Sprintf("%s: %s %s %s", memLabel(sz.MemoryMiB), ra.Name, fmtFactor(ra.Value), verdict(ra)))
+			}
+		}
+	}
+	return f
+}
+
+func verdict(r Ratio) string {
+	if r.Met == nil {
+		return ""
+	}
+	if *r.Met {
+		return "(target " + r.Target + ": met)"
+	}
+	return "(target " + r.Target + ": missed)"
+}
+
+// Figure draws the burst: cumulative ready children over time, and memory.
+func (r *BurstResult) Figure() Figure {
+	curve := []Point{{0, 0}}
+	for i, t := range r.ReadyAtMS {
+		curve = append(curve, Point{t / 1000, float64(i + 1)})
+	}
+	budget := 0.25 * float64(r.GuestRAMBytes) / (1 << 30)
+	mem := []Bar{{Label: fmt.Sprintf("total PSS, %d children", r.Count), Segments: []Segment{{Value: float64(r.TotalPSSBytes) / (1 << 30), Color: colVmfork}}}}
+	// The host is shared: MemAvailable can even rise when others free memory.
+	if drop := r.MemAvailBefore - r.MemAvailAfter; drop > 0 {
+		mem = append(mem, Bar{Label: "host MemAvailable drop", Segments: []Segment{{Value: float64(drop) / (1 << 30), Color: colOther}}})
+	}
+	mem = append(mem, Bar{Label: fmt.Sprintf("%d x guest RAM", r.Count), Segments: []Segment{{Value: float64(r.GuestRAMBytes) / (1 << 30), Color: colBoot}}})
+	return Figure{
+		Title: fmt.Sprintf("Morning burst: %d children of a %s guest in one fork call (%d at a time)", r.Count, memLabel(r.MemoryMiB), r.Parallel),
+		Notes: []string{
+			"host: " + r.Host.Short(),
+			fmt.Sprintf("source paused %s; all %d answered after %s: %.2f children/s; total PSS %s = %.1f%% of %d x guest RAM",
+				fmtMS(r.PauseMS), r.Answered, fmtMS(r.WallMS), r.ChildrenPerSecond, fmtBytes(r.TotalPSSBytes), 100*r.PSSShare, r.Count),
+		},
+		Columns: 1,
+		Panels: []Panel{
+			LinePanel{Title: "children whose guest agent answers", XLabel: "seconds since the fork call", YLabel: "children ready",
+				Series: []Series{{Name: "ready children (cumulative)", Color: colVmfork, Step: true, Points: curve}}, Height: 340},
+			BarPanel{Title: "memory of the whole burst", Unit: "GiB", Marks: []Mark{{Value: budget, Label: "target: 25% of N x guest RAM", Color: colBudget}},
+				Bars: mem},
+		},
+	}
+}
+
+// Figure draws both sweeps as lines, with a line proportional to guest RAM
+// for scale.
+func (r *ScaleResult) Figure() Figure {
+	f := Figure{Title: "How the cost of a fork grows", Notes: []string{"host: " + r.Host.Short()}, Columns: 2}
+	for _, g := range r.Growth {
+		f.Notes = append(f.Notes, fmt.Sprintf("%s: %s %s", g.Name, fmtFactor(g.Value), verdict(g)))
+	}
+	if len(r.ByMemory) > 0 {
+		var pause, run, ready, prop []Point
+		var ticks []Tick
+		for _, p := range r.ByMemory {
+			x := float64(p.MemoryMiB)
+			pause, run, ready = append(pause, Point{x, p.PauseMS}), append(run, Point{x, p.RunningMS}), append(ready, Point{x, p.ReadyMS})
+			prop = append(prop, Point{x, r.ByMemory[0].PauseMS * x / float64(r.ByMemory[0].MemoryMiB)})
+			ticks = append(ticks, Tick{x, memLabel(p.MemoryMiB)})
+		}
+		f.Panels = append(f.Panels, LinePanel{
+			Title: "by guest RAM (one child per call)", XLabel: "guest RAM (log scale)", YLabel: "ms", LogX: true, XTicks: ticks,
+			Series: []Series{
+				{Name: "source pause", Color: colLibvirt, Dots: true, Points: pause},
+				{Name: "child running", Color: colRunning, Dots: true, Points: run},
+				{Name: "child ready", Color: colVmfork, Dots: true, Points: ready},
+				{Name: "pause if it grew with RAM", Color: colOther, Dashed: true, Points: prop},
+			},
+		})
+	}
+	if len(r.ByChildren) > 0 {
+		var pause, ready, wall []Point
+		var ticks []Tick
+		for _, p := range r.ByChildren {
+			x := float64(p.Children)
+			pause, ready, wall = append(pause, Point{x, p.PauseMS}), append(ready, Point{x, p.ReadyMS}), append(wall, Point{x, p.WallMS / float64(p.Children)})
+			ticks = append(ticks, Tick{x, fmt.Sprint(p.Children)})
+		}
+		f.Panels = append(f.Panels, LinePanel{
+			Title:  fmt.Sprintf("by children per call (%s guest, %d at a time)", memLabel(r.ChildMemoryMiB), r.Parallel),
+			XLabel: "children per fork call (log scale)", YLabel: "ms", LogX: true, XTicks: ticks,
+			Series: []Series{
+				{Name: "source pause", Color: colLibvirt, Dots: true, Points: pause},
+				{Name: "median child ready", Color: colVmfork, Dots: true, Points: ready},
+				{Name: "whole call / children", Color: colRunning, Dots: true, Points: wall},
+			},
+		})
+	}
+	return f
+}
+
+// WritePlot writes a figure as SVG.
+func WritePlot(w io.Writer, f Figure) error { return f.WriteSVG(w) }

@@ -1,0 +1,238 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Tables for people: one block per experiment, every figure with its unit,
+// "-" where a figure does not apply.
+
+func fmtMS(v float64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v >= 10000:
+		return fmt.Sprintf("%.1f s", v/1000)
+	case v < 10:
+		return fmt.Sprintf("%.1f ms", v)
+	default:
+		return fmt.Sprintf("%.0f ms", v)
+	}
+}
+
+func fmtBytes(b int64) string {
+	switch {
+	case b == 0:
+		return "-"
+	case b >= 2<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	default:
+		return fmt.Sprintf("%.1f MiB", mib(b))
+	}
+}
+
+func fmtFactor(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func newTab(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+// writeRatios prints targets and informative ratios.
+func writeRatios(w io.Writer, rs []Ratio) {
+	tw := newTab(w)
+	fmt.Fprintln(tw, "COMPARISON\tVALUE\tTARGET\tRESULT")
+	for _, r := range rs {
+		result := ""
+		if r.Met != nil {
+			result = "met"
+			if !*r.Met {
+				result = "MISSED"
+				switch {
+				case r.By >= 1.1:
+					result += fmt.Sprintf(" (off by %.2fx)", r.By)
+				case r.By > 0:
+					result += fmt.Sprintf(" (off by %.1f%%)", 100*(r.By-1))
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, fmtFactor(r.Value), orDash(r.Target), result)
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// WriteTable prints the peers comparison.
+func (r *PeersResult) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "host: %s\n", r.Host)
+	for _, sz := range r.Sizes {
+		fmt.Fprintf(w, "\npeers at %d MiB: %d rounds, medians; memory (PSS) read %s after each child answered\n",
+			sz.MemoryMiB, r.Rounds, fmtMS(r.SettleMS))
+		tw := newTab(w)
+		fmt.Fprintln(tw, "METHOD\tRUNNING\tAGENT ANSWERS\tREADY\tPSS\tSOURCE PAUSE\tWHOLE CLONE")
+		for _, s := range sz.Summary {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Label, fmtMS(s.RunningMS), fmtMS(s.AgentMS),
+				fmtMS(s.ReadyMS), fmtBytes(s.PSSBytes), fmtMS(s.PauseMS), fmtMS(s.WallMS))
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "source: booted in %s, RSS %s", fmtMS(sz.SourceBootMS), fmtBytes(sz.SourceRSSBytes))
+		if sz.LibvirtBootMS > 0 {
+			fmt.Fprintf(w, "; libvirt domain: booted (virsh create to agent) in %s", fmtMS(sz.LibvirtBootMS))
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w)
+		writeMemory(w, sz.Summary)
+		fmt.Fprintln(w)
+		writePhases(w, sz.Summary)
+		fmt.Fprintln(w)
+		writeRatios(w, sz.Ratios)
+	}
+	return nil
+}
+
+// writeMemory prints where each method's PSS goes.
+func writeMemory(w io.Writer, ss []Summary) {
+	tw := newTab(w)
+	fmt.Fprintln(tw, "MEMORY PER CHILD (medians)\tGUEST RAM\tTCG CODE\tQEMU ANON\tFILES\tPSS")
+	for _, s := range ss {
+		m := s.Memory
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Label, fmtBytes(m.GuestRAMBytes), fmtBytes(m.TCGBytes),
+			fmtBytes(m.AnonBytes), fmtBytes(m.FileBytes), fmtBytes(s.PSSBytes))
+	}
+	tw.Flush()
+	if wp := find(ss, MethodWarm); wp.PoolIdle > 0 {
+		fmt.Fprintf(w, "a warm-pool QEMU holds %s (PSS) while it waits for a request\n", fmtBytes(wp.PoolIdle))
+	}
+}
+
+// writePhases prints where each method's child time goes, vmfork's
+// overhead over the floor phase by phase, and vmfork's identity chain.
+func writePhases(w io.Writer, ss []Summary) {
+	tw := newTab(w)
+	fmt.Fprintln(tw, "PHASES (medians)\tQEMU START\tLOAD\tCONT\tRUNNING TO AGENT\tIDENTITY CHAIN\tSAVE\tCOPY\tRESTORE")
+	for _, s := range ss {
+		p := s.Phases
+		if p == (Phases{}) {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Label, fmtMS(p.QEMUStartMS), fmtMS(p.LoadMS),
+			fmtMS(p.ContMS), fmtMS(p.AgentMS), fmtMS(p.IdentityMS), fmtMS(p.SaveMS), fmtMS(p.CopyMS), fmtMS(p.RestoreMS))
+	}
+	tw.Flush()
+	vs, fl := find(ss, MethodVmfork), find(ss, MethodFloor).Phases
+	vf := vs.Phases
+	if vf.QEMUStartMS > 0 && fl.QEMUStartMS > 0 {
+		fmt.Fprintf(w, "vmfork over the floor: QEMU start %+.0f ms (overlay, records), load %+.0f ms (manifest check), "+
+			"cont %+.0f ms (link down), agent %+.0f ms, identity chain %+.0f ms\n",
+			vf.QEMUStartMS-fl.QEMUStartMS, vf.LoadMS-fl.LoadMS, vf.ContMS-fl.ContMS, vf.AgentMS-fl.AgentMS, vf.IdentityMS)
+	}
+	if len(vs.Steps) > 0 {
+		var parts []string
+		for _, st := range vs.Steps {
+			parts = append(parts, fmt.Sprintf("%s %s", strings.TrimPrefix(st.Name, "vmfork."), fmtMS(st.DurationMS)))
+		}
+		fmt.Fprintf(w, "vmfork identity chain steps (medians): %s\n", strings.Join(parts, ", "))
+	}
+}
+
+// WriteTable prints the burst.
+func (r *BurstResult) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "host: %s\n\n", r.Host)
+	state := "an idle"
+	if r.Busy {
+		state = "a busy (counter running)"
+	}
+	fmt.Fprintf(w, "burst: %d children of %s %s source in one fork call, %d at a time\n",
+		r.Count, state, memLabel(r.MemoryMiB), r.Parallel)
+	tw := newTab(w)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("source pause", fmtMS(r.PauseMS))
+	row("fork call until all answered", fmt.Sprintf("%s (%d ready, %d answered a ping after)", fmtMS(r.WallMS), r.Ready, r.Answered))
+	row("children per second", fmt.Sprintf("%.2f", r.ChildrenPerSecond))
+	row("ready curve", readyQuantiles(r.ReadyAtMS, r.Count))
+	row("child running (median / p90 / max)", spreadMS(r.RunningMS))
+	row("child agent answers (median / p90 / max)", spreadMS(r.AgentMS))
+	row("child ready (median / p90 / max)", spreadMS(r.ReadyMS))
+	row(fmt.Sprintf("total PSS of the children, %s after", fmtMS(r.SettleMS)),
+		fmt.Sprintf("%s = %.1f%% of %d x %s (%s)", fmtBytes(r.TotalPSSBytes), 100*r.PSSShare, r.Count,
+			memLabel(r.MemoryMiB), fmtBytes(r.GuestRAMBytes)))
+	row("child PSS (median / p90 / max)", fmt.Sprintf("%s / %s / %s", fmtBytes(int64(r.ChildPSSBytes.Median)),
+		fmtBytes(int64(r.ChildPSSBytes.P90)), fmtBytes(int64(r.ChildPSSBytes.Max))))
+	cm := r.ChildMemory
+	row("child PSS by kind (medians)", fmt.Sprintf("guest RAM %s, TCG code %s, QEMU anon %s, files %s",
+		fmtBytes(cm.GuestRAMBytes), fmtBytes(cm.TCGBytes), fmtBytes(cm.AnonBytes), fmtBytes(cm.FileBytes)))
+	row("frozen template RAM (allocated)", fmtBytes(r.TemplateRAMBytes))
+	row("source PSS", fmtBytes(r.SourcePSSBytes))
+	row("host MemAvailable before / after", fmt.Sprintf("%s / %s (%s used)", fmtBytes(r.MemAvailBefore),
+		fmtBytes(r.MemAvailAfter), fmtBytes(r.MemAvailBefore-r.MemAvailAfter)))
+	for _, f := range r.Failed {
+		row("failed: "+f.Name, f.Error)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	writeRatios(w, r.Ratios)
+	return nil
+}
+
+func spreadMS(s Spread) string {
+	return fmt.Sprintf("%s / %s / %s", fmtMS(s.Median), fmtMS(s.P90), fmtMS(s.Max))
+}
+
+// readyQuantiles says when 10%, 50%, 90% and all of the children were ready.
+func readyQuantiles(at []float64, n int) string {
+	if len(at) == 0 || n == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, q := range []int{10, 50, 90, 100} {
+		k := (q*n + 99) / 100
+		if k > len(at) {
+			parts = append(parts, fmt.Sprintf("%d%%: never", q))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%d%% at %s", q, fmtMS(at[max(k, 1)-1])))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// WriteTable prints both sweeps and the growth exponents.
+func (r *ScaleResult) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "host: %s\n", r.Host)
+	if len(r.ByMemory) > 0 {
+		fmt.Fprintf(w, "\nscale by guest RAM: one child per call, %d rounds, medians\n", r.Rounds)
+		tw := newTab(w)
+		fmt.Fprintln(tw, "GUEST RAM\tSOURCE PAUSE\tFROZEN RAM\tCHILD RUNNING\tCHILD READY\tWHOLE CALL\tSOURCE BOOT")
+		for _, p := range r.ByMemory {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", memLabel(p.MemoryMiB), fmtMS(p.PauseMS),
+				fmtBytes(p.TemplateRAMBytes), fmtMS(p.RunningMS), fmtMS(p.ReadyMS), fmtMS(p.WallMS), fmtMS(p.SourceBootMS))
+		}
+		tw.Flush()
+	}
+	if len(r.ByChildren) > 0 {
+		fmt.Fprintf(w, "\nscale by children per call: %s guest, %d started at once, %d rounds, medians\n",
+			memLabel(r.ChildMemoryMiB), r.Parallel, r.Rounds)
+		tw := newTab(w)
+		fmt.Fprintln(tw, "CHILDREN\tSOURCE PAUSE\tCHILD RUNNING\tCHILD READY\tLAST CHILD READY\tWHOLE CALL\tCALL PER CHILD")
+		for _, p := range r.ByChildren {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Children, fmtMS(p.PauseMS), fmtMS(p.RunningMS),
+				fmtMS(p.ReadyMS), fmtMS(p.LastMS), fmtMS(p.WallMS), fmtMS(p.WallMS/float64(p.Children)))
+		}
+		tw.Flush()
+	}
+	if len(r.Growth) > 0 {
+		fmt.Fprintln(w)
+		writeRatios(w, r.Growth)
+	}
+	return nil
+}
