@@ -356,6 +356,14 @@ func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Templat
 		tpl.Paths.Disk = ""
 		return mg.Store.SaveTemplate(tpl)
 	}
+	// Moving the disk of a machine that still runs would pull it from under
+	// its QEMU: trust the image locks, not the record.
+	if busy, err := overlay.InUse(src.Paths.Disk); err != nil || busy {
+		if err == nil {
+			err = fmt.Errorf("disk %s is in use by a running process: %w", src.Paths.Disk, ErrInvalid)
+		}
+		return err
+	}
 	chain, err := overlay.Chain(src.Paths.Disk)
 	if err != nil {
 		return err

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // testdata/base.qcow2 and top.qcow2 (backing "base.qcow2", relative) were
@@ -112,5 +114,28 @@ func TestCreateOnAndRebase(t *testing.T) {
 	want = []string{"rebase", "-q", "-f", "qcow2", "-b", "testdata/base.qcow2", "-F", "qcow2", "/m/top.qcow2"}
 	if got := readArgs(t, args); !slices.Equal(got, want) {
 		t.Errorf("Rebase args = %q, want %q", got, want)
+	}
+}
+
+func TestInUse(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "disk.qcow2")
+	if err := os.WriteFile(path, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := InUse(path); err != nil || busy {
+		t.Fatalf("InUse of an idle file = %v, %v; want false", busy, err)
+	}
+	// Take a shared lock on one of QEMU's lock bytes, as QEMU does.
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Start: 201, Len: 1}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := InUse(path); err != nil || !busy {
+		t.Fatalf("InUse of a locked file = %v, %v; want true", busy, err)
 	}
 }
