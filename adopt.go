@@ -6,11 +6,27 @@ import (
 )
 
 // Adopter is the optional driver capability to take charge of a machine that
-// vmfork did not make (an existing libvirt domain), so that it can be forked.
+// vmfork did not make (an existing libvirt domain), so that it can be forked,
+// and to let it go again.
+//
+// An adopted machine stays its owner's. vmfork forks it like one of its own,
+// but never writes or removes its files, never stops it unless told to
+// (vmfork stop), and vmfork rm only forgets it. Its first fork with a disk
+// freezes the machine's own image in place for the children and moves the
+// machine onto a new overlay in its directory in the state dir: from then on
+// it depends on that file, and vmfork cannot forget it until its owner has
+// merged the overlay back (Disown says how).
 type Adopter interface {
-	// Adopt inspects the machine called name and returns a record for it,
-	// or an error naming what makes it unforkable. It changes nothing.
+	// Adopt inspects the running machine called name and returns a record
+	// for it with Adopted set, or an error naming what makes it unforkable.
+	// paths are the files the store gives it. It changes nothing.
 	Adopt(ctx context.Context, name string, paths Paths) (*Machine, error)
+
+	// Disown returns nil when adopted machine m no longer uses any file in
+	// the state dir (or is gone), so that vmfork can forget it and remove
+	// its files; else an error naming the file that is still used and how
+	// to stop using it. It changes nothing.
+	Disown(ctx context.Context, m *Machine) error
 }
 
 // adopt records a machine the driver found but vmfork did not make.
@@ -19,9 +35,42 @@ func (mg *Manager) adopt(ctx context.Context, a Adopter, name string) (*Machine,
 	if err != nil {
 		return nil, fmt.Errorf("machine %q: %w", name, err)
 	}
+	if m.Adopted == nil || m.Name != name {
+		return nil, fmt.Errorf("machine %q: driver %q returned no adoption record", name, mg.Driver.Name())
+	}
 	if err := mg.Store.CreateMachine(m); err != nil {
 		return nil, err
 	}
 	mg.Log.WithField("machine", name).Info("adopted")
 	return m, nil
+}
+
+// forget removes adopted machine m's record and files and leaves the machine
+// itself alone, running or not: it was its owner's before vmfork adopted it
+// and stays theirs. It refuses while m still uses a file in the state dir,
+// which removing would pull from under it. The caller holds m's lock.
+func (mg *Manager) forget(ctx context.Context, m *Machine) error {
+	a, ok := mg.Driver.(Adopter)
+	if !ok || m.Driver != mg.Driver.Name() {
+		return fmt.Errorf("forget %q: machine was adopted by driver %q, not %q: %w", m.Name, m.Driver, mg.Driver.Name(), ErrInvalid)
+	}
+	if err := a.Disown(ctx, m); err != nil {
+		return fmt.Errorf("forget %q: %w", m.Name, err)
+	}
+	if err := mg.Store.RemoveMachine(m.Name); err != nil {
+		return fmt.Errorf("forget %q: %w", m.Name, err)
+	}
+	mg.Log.WithField("machine", m.Name).Info("forgotten; the machine itself is left as it is")
+	return nil
+}
+
+// forgetFailedAdoption forgets src, adopted for a fork that brought no child,
+// so that a failed fork leaves no record behind. A fork that failed after it
+// moved src onto an overlay in the state dir leaves src depending on vmfork:
+// its record then stays, and vmfork rm says how to undo the move.
+func (mg *Manager) forgetFailedAdoption(ctx context.Context, src *Machine) {
+	ctx = context.WithoutCancel(ctx)
+	if err := mg.forget(ctx, src); err != nil {
+		mg.Log.WithField("machine", src.Name).WithError(err).Warn("the failed fork leaves the adopted machine recorded")
+	}
 }

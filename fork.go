@@ -92,7 +92,7 @@ type ChildError struct {
 // stopped source has only its disk, so its children boot fresh from it.
 // Everything that can be checked is checked before the source is paused.
 // When some children fail the others stay, and the error wraps ErrPartial.
-func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, error) {
+func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, err error) {
 	forker, ok := mg.Driver.(Forker)
 	if !ok {
 		return nil, fmt.Errorf("fork %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
@@ -108,9 +108,18 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	defer unlock()
-	src, names, err := mg.checkFork(ctx, req)
+	src, names, adopted, err := mg.checkFork(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	if adopted {
+		// A machine adopted for this fork leaves no record when no child
+		// comes of it (adopt.go).
+		defer func() {
+			if err != nil && (res == nil || len(res.Children) == 0) {
+				mg.forgetFailedAdoption(ctx, src)
+			}
+		}()
 	}
 	f, err := mg.prepareFork(src, names)
 	if err != nil {
@@ -132,7 +141,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 	}
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Info("source frozen")
 
-	res := &ForkResult{Source: src.Name, Template: f.tpl.ID, PauseMS: f.tpl.PauseMS, Children: []ChildResult{}}
+	res = &ForkResult{Source: src.Name, Template: f.tpl.ID, PauseMS: f.tpl.PauseMS, Children: []ChildResult{}}
 	results := mg.startChildren(ctx, forker, f.tpl, f.children, live, req)
 	f.done()
 	for i, r := range results {
@@ -155,34 +164,47 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (*ForkResult, erro
 }
 
 // checkFork validates everything about a fork that can be checked before
-// anything is created or paused, and returns the source and the children's
-// names. The caller holds the source's lock.
-func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (*Machine, []string, error) {
-	src, err := mg.Get(ctx, req.Source)
+// anything is created or paused, and returns the source, the children's
+// names and whether the source was adopted just now. The caller holds the
+// source's lock.
+func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (src *Machine, names []string, adopted bool, err error) {
+	src, err = mg.Get(ctx, req.Source)
 	if errors.Is(err, ErrNotFound) {
 		// A machine vmfork did not make, such as an existing libvirt
 		// domain, can be forked when the driver can adopt it (adopt.go).
 		if a, ok := mg.Driver.(Adopter); ok {
-			src, err = mg.adopt(ctx, a, req.Source)
+			if src, err = mg.adopt(ctx, a, req.Source); err == nil {
+				adopted = true
+				m := src // the returns below clear src
+				defer func() {
+					if err != nil {
+						mg.forgetFailedAdoption(ctx, m)
+					}
+				}()
+			}
 		}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("fork: %w", err)
+		return nil, nil, false, fmt.Errorf("fork: %w", err)
 	}
 	if src.Driver != mg.Driver.Name() {
-		return nil, nil, fmt.Errorf("fork %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
+		return nil, nil, false, fmt.Errorf("fork %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
+	}
+	if src.Adopted != nil && src.State != StateRunning {
+		// The children of a stopped source boot from its record, which
+		// holds little of an adopted machine's own definition.
+		return nil, nil, false, fmt.Errorf("fork %q: an adopted machine is forked only while it runs, and it is %s: %w", src.Name, src.State, ErrInvalid)
 	}
 	if src.State != StateRunning && src.State != StateStopped {
-		return nil, nil, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
+		return nil, nil, false, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
 	}
-	names, err := mg.childNames(req)
-	if err != nil {
-		return nil, nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	if names, err = mg.childNames(req); err != nil {
+		return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	if err := req.Identity.ValidateFor(len(names)); err != nil {
-		return nil, nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	if err = req.Identity.ValidateFor(len(names)); err != nil {
+		return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	return src, names, nil
+	return src, names, adopted, nil
 }
 
 // forkInProgress is what a fork has created before its children start.

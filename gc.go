@@ -65,11 +65,15 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 		}
 	}
 	for _, t := range ts {
-		if users[t.ID] > 0 || (t.Paths.Disk != "" && needed[filepath.Clean(t.Paths.Disk)]) {
+		// A foreign frozen disk is never removed (nor taken out of a chain,
+		// which would copy the user's whole image): its template can go as
+		// soon as no child maps its RAM.
+		ownDisk := t.Paths.Disk != "" && !t.ForeignDisk
+		if users[t.ID] > 0 || (ownDisk && needed[filepath.Clean(t.Paths.Disk)]) {
 			continue
 		}
 		log := mg.Log.WithField("template", t.ID)
-		if t.Paths.Disk == "" || !layers[filepath.Clean(t.Paths.Disk)] {
+		if !ownDisk || !layers[filepath.Clean(t.Paths.Disk)] {
 			if err := mg.Store.RemoveTemplate(t.ID); err != nil {
 				log.WithError(err).Warn("could not remove unused template")
 			} else {

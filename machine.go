@@ -182,4 +182,21 @@ type Machine struct {
 	Parent   string          `json:"parent,omitempty"`
 	Template string          `json:"template,omitempty"`
 	Created  time.Time       `json:"created"`
+	// Adopted is set on a machine vmfork did not make but took charge of to
+	// fork it (adopt.go); nil for machines vmfork booted or forked.
+	Adopted *Adoption `json:"adopted,omitempty"`
+}
+
+// Adoption is what vmfork keeps of a machine it adopted, such as a libvirt
+// domain an operator defined. The machine stays its owner's: vmfork rm only
+// forgets it, and vmfork never writes or removes its files.
+type Adoption struct {
+	// ID is the driver's own identifier of the machine (a libvirt domain
+	// UUID), so that another machine given the same name later is not
+	// mistaken for it.
+	ID string `json:"id"`
+	// Disk is the machine's own disk image at adoption. The first fork
+	// freezes it in place for the children and moves the machine onto an
+	// overlay in its directory; vmfork never writes it.
+	Disk string `json:"disk,omitempty"`
 }

@@ -204,7 +204,8 @@ func (mg *Manager) stopLocked(ctx context.Context, m *Machine, force bool) error
 
 // Remove kills machine name's QEMU if it runs and deletes its record and
 // files. There is nothing to shut down cleanly: the disk goes too. With force
-// the files are removed even when the process cannot be stopped.
+// the files are removed even when the process cannot be stopped. An adopted
+// machine is not vmfork's to kill: it is forgotten and runs on (adopt.go).
 func (mg *Manager) Remove(ctx context.Context, name string, force bool) error {
 	unlock, err := mg.Store.Lock(ctx, name)
 	if err != nil {
@@ -214,6 +215,13 @@ func (mg *Manager) Remove(ctx context.Context, name string, force bool) error {
 	m, err := mg.Store.LoadMachine(name)
 	if err != nil {
 		return fmt.Errorf("rm: %w", err)
+	}
+	if m.Adopted != nil {
+		if err := mg.forget(ctx, m); err != nil {
+			return fmt.Errorf("rm: %w", err)
+		}
+		mg.collectTemplates(ctx)
+		return nil
 	}
 	if err := mg.stopLocked(ctx, m, true); err != nil {
 		if !force {

@@ -32,6 +32,12 @@ type Template struct {
 	// no child maps its RAM they are removed, and only the frozen disk stays,
 	// as long as it is a layer in some machine's disk chain.
 	HasMemory bool `json:"has_memory"`
+	// ForeignDisk means Paths.Disk is not in the template's directory: it
+	// is an adopted machine's own image, recorded where it is because no
+	// hard link to it could be made there (another file system, or a
+	// backing file named relative to its directory). vmfork never writes
+	// or removes it; chains keep reading it where it is.
+	ForeignDisk bool `json:"foreign_disk,omitempty"`
 	// VMGenID is the source's vmgenid GUID at the freeze.
 	VMGenID  string   `json:"vmgenid,omitempty"`
 	Manifest Manifest `json:"manifest"`
@@ -196,7 +202,8 @@ func (s *Store) DropTemplateMemory(t *Template) error {
 	return s.SaveTemplate(t)
 }
 
-// RemoveTemplate deletes template id's directory and RAM file.
+// RemoveTemplate deletes template id's directory and RAM file. A foreign
+// frozen disk (Template.ForeignDisk) is outside the directory and stays.
 func (s *Store) RemoveTemplate(id string) error {
 	if err := validateTemplateID(id); err != nil {
 		return err

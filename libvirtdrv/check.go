@@ -45,8 +45,11 @@ func (e *UnforkableError) Unwrap() error { return vmfork.ErrUnsupported }
 // holes in a template or need really shared memory in a child; and QEMU must
 // be able to save every device's state. RAM mapped shared is frozen by
 // copying the file; private RAM (a fork child's) is forkable too, but then
-// the device state carries all of it. It returns nil or an *UnforkableError naming every element
-// to change, so one round of edits is enough.
+// the device state carries all of it. A child also needs what its identity
+// comes from, a vmgenid device and the guest-agent channel, and one writable
+// disk that is a file, to put its overlay on. It returns nil or an
+// *UnforkableError naming every element to change, so one round of edits is
+// enough.
 func Check(d *libvirtxml.Domain) error {
 	var ps []Problem
 	add := func(el, why, fix string) { ps = append(ps, Problem{el, why, fix}) }
@@ -70,11 +73,20 @@ func Check(d *libvirtxml.Domain) error {
 	if d.CPU != nil && d.CPU.Numa != nil && len(d.CPU.Numa.Cell) > 0 {
 		add("<cpu><numa>", "guest RAM is split into one file per node", "remove <numa>")
 	}
+	if d.GenID == nil {
+		add("<genid/>", "is missing: a child's kernel reseeds its RNG when it sees a new vmgenid, and the device state loads only into the same devices",
+			"add <genid/> to <domain> (libvirt picks the GUID; it takes effect at the next start)")
+	}
 	if d.Devices != nil {
 		checkDevices(d.Devices, add)
 	} else {
 		add("<devices><memballoon>", "is missing, so libvirt adds a virtio balloon, which punches holes in the template",
 			"add <memballoon model='none'/>")
+	}
+	if d.Devices == nil || agentChannelOf(d.Devices) == nil {
+		add("<channel><target type='virtio' name='"+agentChannel+"'/>",
+			"is missing: vmfork gives each child its own identity (hostname, MAC, machine-id, clock) through the guest agent",
+			"add <channel type='unix'><target type='virtio' name='"+agentChannel+"'/></channel> and run qemu-guest-agent in the guest")
 	}
 	if len(ps) == 0 {
 		return nil
@@ -92,6 +104,7 @@ func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)
 			"a balloon in a child punches holes in the template file all its siblings map",
 			"use <memballoon model='none'/>")
 	}
+	checkDisks(dv.Disks, add)
 	for _, m := range dv.Memorydevs {
 		add(fmt.Sprintf("<memory model='%s'>", m.Model), "memory devices unplug by punching holes in guest RAM", "remove it")
 	}
@@ -115,4 +128,61 @@ func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)
 			add("<interface type='vhostuser'>", "vhost-user needs really shared memory, which a fork child does not have", "use another interface type")
 		}
 	}
+}
+
+// checkDisks checks the writable disks: a child gets a qcow2 overlay on its
+// source's one writable disk, frozen at the fork, and that takes a file.
+// Read-only and shareable disks are handed to children as they are.
+func checkDisks(disks []libvirtxml.DomainDisk, add func(el, why, fix string)) {
+	var writable []string
+	for _, disk := range disks {
+		if disk.Device == "cdrom" || disk.ReadOnly != nil || disk.Shareable != nil {
+			continue
+		}
+		if t := diskType(&disk); t != "file" {
+			add(fmt.Sprintf("<disk type='%s'> %s", t, diskName(&disk)),
+				"only a file disk can be frozen for children and get an overlay",
+				"use a file disk, or make it <readonly/> or <shareable/>, or detach it before the fork")
+			continue
+		}
+		writable = append(writable, diskName(&disk))
+	}
+	if len(writable) > 1 {
+		add(fmt.Sprintf("<disk> %s", strings.Join(writable[1:], ", ")),
+			fmt.Sprintf("vmfork forks one writable disk (%s), and this is another", writable[0]),
+			"make it <readonly/> or <shareable/>, or detach it before the fork")
+	}
+}
+
+// diskType is the type attribute of a <disk>, which libvirtxml turns into
+// the choice of source.
+func diskType(disk *libvirtxml.DomainDisk) string {
+	src := disk.Source
+	switch {
+	case src == nil:
+		return "none"
+	case src.File != nil:
+		return "file"
+	case src.Block != nil:
+		return "block"
+	case src.Network != nil:
+		return "network"
+	case src.Volume != nil:
+		return "volume"
+	case src.Dir != nil:
+		return "dir"
+	case src.NVME != nil:
+		return "nvme"
+	}
+	return "other"
+}
+
+// agentChannelOf returns the guest agent's channel, or nil.
+func agentChannelOf(dv *libvirtxml.DomainDeviceList) *libvirtxml.DomainChannel {
+	for i, c := range dv.Channels {
+		if c.Target != nil && c.Target.VirtIO != nil && c.Target.VirtIO.Name == agentChannel {
+			return &dv.Channels[i]
+		}
+	}
+	return nil
 }

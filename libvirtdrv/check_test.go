@@ -2,6 +2,7 @@ package libvirtdrv
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -32,6 +33,19 @@ func TestCheck(t *testing.T) {
 		{"discard", func(s string) string {
 			return strings.Replace(s, "<access mode='shared'/>", "<access mode='shared'/><discard/>", 1)
 		}, []string{"<memoryBacking><discard/>"}},
+		{"no vmgenid", func(s string) string { return regexp.MustCompile(`<genid>.*</genid>`).ReplaceAllString(s, "") },
+			[]string{"<genid/>"}},
+		{"no guest agent", func(s string) string {
+			return strings.Replace(s, "name='org.qemu.guest_agent.0'", "name='org.example.other'", 1)
+		}, []string{"<channel><target type='virtio' name='org.qemu.guest_agent.0'/>"}},
+		{"block disk", func(s string) string {
+			s = strings.Replace(s, "<disk type='file' device='disk'>", "<disk type='block' device='disk'>", 1)
+			return strings.Replace(s, "<source file='/var/lib/vmfork/machines/web/disk.qcow2'/>", "<source dev='/dev/sdb'/>", 1)
+		}, []string{"<disk type='block'> vda"}},
+		{"second writable disk, a read-only one", func(s string) string {
+			return strings.Replace(s, "<controller type='usb'", "<disk type='file' device='disk'><source file='/srv/b.qcow2'/><target dev='vdb' bus='virtio'/></disk>"+
+				"<disk type='file' device='disk'><source file='/srv/c.qcow2'/><target dev='vdc' bus='virtio'/><readonly/></disk><controller type='usb'", 1)
+		}, []string{"<disk> vdb"}},
 		{"hostdev and no file RAM", func(s string) string {
 			s = strings.Replace(s, "<source type='file'/>", "", 1)
 			return strings.Replace(s, "<memballoon", "<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='5' slot='0' function='0'/></source></hostdev><memballoon", 1)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -46,6 +47,9 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if err := d.checkNameFree(child); err != nil {
 		return err
 	}
+	if err := reachForChild(child, t); err != nil {
+		return err
+	}
 	// START_PAUSED is what keeps libvirt from sending cont at once, which
 	// QEMU 7.2 would act on before the load (activating the disk early).
 	dom, err := d.conn.DomainCreateXML(x, libvirt.DOMAIN_START_PAUSED)
@@ -79,6 +83,22 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 		return fmt.Errorf("resume child: %w", err)
 	}
 	return nil
+}
+
+// reachForChild lets the child's QEMU open its overlay when it runs as
+// another user than vmfork (an adopted domain's child, as libvirt's own
+// user): Freeze gave the template RAM file to the user the source's QEMU ran
+// as, and the child's QEMU runs as that user too.
+func reachForChild(child *vmfork.Machine, t *vmfork.Template) error {
+	st, err := os.Stat(t.Paths.RAM)
+	if err != nil {
+		return fmt.Errorf("template %q: %w", t.ID, err)
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || !qemuIsOther(int(sys.Uid), int(sys.Gid)) {
+		return nil
+	}
+	return grantSearch(stateDirOf(child.Paths.Dir), int(sys.Uid), int(sys.Gid), child.Paths.Dir, t.Paths.Dir)
 }
 
 // checkChild checks, before anything is loaded, that the child's QEMU maps

@@ -14,7 +14,8 @@
 // stopped; its disk and record stay until `vmfork rm`. A domain carries
 // vmfork's element in <metadata> (namespace MetadataNS: machine name,
 // machine directory, parent, template): vmfork acts only on domains whose
-// mark matches the record, never on a foreign domain of the same name.
+// mark matches the record, never on a foreign domain of the same name. An
+// adopted domain (below) carries no mark; its record names it by uuid.
 //
 // A booted machine (BootXML) has the embedded driver's device model: q35
 // pinned to its versioned type, qemu64, guest RAM in a file mapped shared
@@ -49,6 +50,50 @@
 // template, loads the device state with x-ignore-shared, sets the NIC link
 // down until the identity chain has run, and resumes. When the child stops,
 // libvirt deletes its RAM directory, link included; the template survives.
+//
+// # Existing domains: adoption
+//
+// `vmfork -c qemu:///system fork web1` forks a domain vmfork did not make,
+// such as one an ops team defined with virsh; its children are vmfork's
+// domains like any others. Adopt reads the domain's live XML and changes
+// nothing. It takes a running domain that passes Check (which also asks for
+// the <genid/> and the guest-agent channel a child's identity comes from,
+// and for at most one writable disk, a file) and whose guest agent is
+// connected, and records it with Machine.Adopted: the domain's uuid and its
+// own disk image.
+//
+// The first fork freezes the domain's own image in place. It becomes the
+// children's frozen base: a hard link in the template's directory, or,
+// where none can be made or would work (another file system; a backing file
+// named relative to the image's directory), the image where it is
+// (Template.ForeignDisk). The domain moves onto a new overlay in the state
+// dir, <state-dir>/machines/<name>/disk.1.qcow2, whose base is the image
+// where it is. The move is libvirt's disk-only external snapshot, so libvirt
+// points the domain's live and persistent definitions at the overlay: from
+// then on the domain runs on it, across restarts too. vmfork never writes,
+// moves or removes the image. When the last child goes the template goes
+// (the link, never the image), and nothing of the image is copied: it stays
+// the base of the domain's chain. Later forks freeze vmfork's own overlays,
+// as for any machine.
+//
+// libvirt runs such a domain's QEMU as its own user (libvirt-qemu), which
+// cannot enter vmfork's 0700 directories. The freeze gives the directories
+// on the way to the domain's overlay and its children's (the state dir,
+// machines/, templates/ and theirs) search permission for others, never
+// read permission; a directory above the state dir that QEMU cannot search
+// is an error that names it.
+//
+// `vmfork rm` of an adopted domain forgets it: its record and files go, and
+// the domain runs on, untouched. Not while it still uses a file in the state
+// dir: rm then fails, names the overlay and the command that gives the
+// domain back its own image, `virsh blockcommit NAME vda --base IMAGE
+// --active --pivot`. That command writes the image, so vmfork leaves it to
+// the owner, to run once the children, which read the image, are gone.
+// --force does not change this. `vmfork stop` stops an adopted domain like
+// any machine, and a stopped one is not forked (start it first: a stopped
+// source's children boot from its record, which does not hold the domain's
+// definition). A fork taints the domain in libvirt's eyes (custom monitor
+// commands, as for every domain vmfork forks); nothing else changes.
 //
 // # What the host needs
 //

@@ -239,6 +239,12 @@ func childDisks(dev *libvirtxml.DomainDeviceList, c *vmfork.Machine) error {
 		}
 		disk.Source.File.File = c.Paths.Disk
 		disk.BackingStore, disk.Alias = nil, nil
+		// The overlay is qcow2 whatever its source's image was (an adopted
+		// domain's may be raw).
+		if disk.Driver == nil {
+			disk.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu"}
+		}
+		disk.Driver.Type = "qcow2"
 	}
 	if c.Spec.Disk != "" && writable == 0 {
 		return fmt.Errorf("source domain XML has no writable file disk for %s", c.Paths.Disk)

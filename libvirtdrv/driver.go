@@ -50,6 +50,7 @@ var (
 	_ vmfork.Driver     = (*Driver)(nil)
 	_ vmfork.Forker     = (*Driver)(nil)
 	_ vmfork.LinkSetter = (*Driver)(nil)
+	_ vmfork.Adopter    = (*Driver)(nil)
 )
 
 // New connects to the libvirt daemon at uri (such as qemu:///system) and
@@ -261,8 +262,14 @@ func (d *Driver) domain(m *vmfork.Machine) (*libvirt.Domain, error) {
 	return dom, nil
 }
 
-// owns reports whether dom carries m's mark in its metadata.
+// owns reports whether dom carries m's mark in its metadata or, for an
+// adopted machine (which carries no mark: vmfork changes nothing of it), is
+// the domain that was adopted.
 func (d *Driver) owns(dom *libvirt.Domain, m *vmfork.Machine) bool {
+	if m.Adopted != nil {
+		uuid, err := dom.GetUUIDString()
+		return err == nil && uuid == m.Adopted.ID
+	}
 	x, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, MetadataNS, libvirt.DOMAIN_AFFECT_LIVE)
 	if err != nil {
 		return false

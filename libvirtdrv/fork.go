@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -118,12 +119,17 @@ func resume(ctx context.Context, dom *libvirt.Domain) error {
 
 // freezePrep is what a freeze prepares and checks before pausing the source.
 type freezePrep struct {
-	ram        string // the source's RAM file, as QEMU reports it
-	shared     bool   // whether it is mapped shared, so children can map a copy
-	owner      string // the DAC label QEMU runs as, "+UID:+GID"
-	diskTarget string // the source's disk (vda), or "" without one
-	next       string // the source's next top overlay, made ahead
-	cleanup    func()
+	ram        string   // the source's RAM file, as QEMU reports it
+	shared     bool     // whether it is mapped shared, so children can map a copy
+	owner      string   // the DAC label QEMU runs as, "+UID:+GID"
+	diskTarget string   // the source's disk (vda), or "" without one
+	otherDisks []string // its read-only and shareable disks, left as they are
+	// foreign is set when the source's disk is not vmfork's but its owner's
+	// (an adopted domain's own image): the template has it already, and it
+	// stays the base of the source's new overlay where it is.
+	foreign bool
+	next    string // the source's next top overlay, made ahead
+	cleanup func()
 }
 
 func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon monitor, src *vmfork.Machine, t *vmfork.Template) (p *freezePrep, err error) {
@@ -154,6 +160,14 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 		return nil, fmt.Errorf("find guest RAM file: %w", err)
 	}
 	p.owner = dacLabel(live)
+	if uid, gid, ok := parseDACLabel(p.owner); ok && qemuIsOther(uid, gid) {
+		// An adopted domain's QEMU runs as libvirt's own user: it must reach
+		// its new overlay, and its children their backing file through the
+		// template's directory.
+		if err := grantSearch(stateDirOf(src.Paths.Dir), uid, gid, src.Paths.Dir, t.Paths.Dir); err != nil {
+			return nil, err
+		}
+	}
 	if t.Manifest, err = d.manifest(src, mig); err != nil {
 		return nil, err
 	}
@@ -202,6 +216,8 @@ func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machi
 	for _, disk := range live.Devices.Disks {
 		if disk.Source != nil && disk.Source.File != nil && filepath.Clean(disk.Source.File.File) == filepath.Clean(src.Paths.Disk) {
 			p.diskTarget = diskName(&disk)
+		} else {
+			p.otherDisks = append(p.otherDisks, diskName(&disk))
 		}
 	}
 	if p.diskTarget == "" {
@@ -214,7 +230,17 @@ func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machi
 	if p.next, err = nextTopPath(src); err != nil {
 		return err
 	}
-	if err := overlay.CreateOn(ctx, t.Paths.Disk, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
+	backing := t.Paths.Disk
+	if !within(src.Paths.Dir, src.Paths.Disk) {
+		if err := freezeForeign(src.Paths.Disk, t); err != nil {
+			return err
+		}
+		// The owner's image stays where it is and is never removed, so
+		// the source's chain names it there: dropping the template later
+		// then copies nothing of it.
+		p.foreign, backing = true, src.Paths.Disk
+	}
+	if err := overlay.CreateOn(ctx, backing, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
 		return err
 	}
 	p.cleanup = func() {
@@ -230,18 +256,24 @@ func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machi
 // moves the source onto the overlay made for it, through a disk-only
 // external snapshot that reuses that overlay and keeps no libvirt metadata.
 func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, undo *[]func(context.Context) error) error {
-	if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
-		return err
+	if !p.foreign {
+		if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
+			return err
+		}
+		*undo = append(*undo, func(context.Context) error { return os.Remove(t.Paths.Disk) })
 	}
-	*undo = append(*undo, func(context.Context) error { return os.Remove(t.Paths.Disk) })
-	snap := &libvirtxml.DomainSnapshot{
-		Disks: &libvirtxml.DomainSnapshotDisks{Disks: []libvirtxml.DomainSnapshotDisk{{
-			Name:     p.diskTarget,
-			Snapshot: "external",
-			Driver:   &libvirtxml.DomainDiskDriver{Type: "qcow2"},
-			Source:   &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: p.next}},
-		}}},
+	disks := []libvirtxml.DomainSnapshotDisk{{
+		Name:     p.diskTarget,
+		Snapshot: "external",
+		Driver:   &libvirtxml.DomainDiskDriver{Type: "qcow2"},
+		Source:   &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: p.next}},
+	}}
+	for _, name := range p.otherDisks {
+		// Named so that the snapshot leaves them as they are, whatever
+		// libvirt's default for an unnamed disk: children share them.
+		disks = append(disks, libvirtxml.DomainSnapshotDisk{Name: name, Snapshot: "no"})
 	}
+	snap := &libvirtxml.DomainSnapshot{Disks: &libvirtxml.DomainSnapshotDisks{Disks: disks}}
 	x, err := snap.Marshal()
 	if err != nil {
 		return err
@@ -325,4 +357,30 @@ func (d *Driver) manifest(m *vmfork.Machine, mig *libvirtxml.Domain) (vmfork.Man
 		CPUs:        m.Spec.CPUs,
 		Devices:     GuestVisible(mig),
 	}, nil
+}
+
+// freezeForeign gives template t its frozen disk when that is the owner's
+// image at path (an adopted domain's), without copying or moving it: a hard
+// link in the template's directory, so that the children do not depend on
+// the image keeping its name, or, where no link can be made (another file
+// system) or would not work (a backing file named relative to the image's
+// directory), the image where it is (Template.ForeignDisk). Either way
+// vmfork never writes it, and never removes it: removing the template
+// removes only the link.
+func freezeForeign(path string, t *vmfork.Template) error {
+	rel, err := relativeBacking(path)
+	if err != nil {
+		return err
+	}
+	if !rel {
+		err := os.Link(path, t.Paths.Disk)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, syscall.EXDEV) && !errors.Is(err, syscall.EPERM) {
+			return fmt.Errorf("freeze disk: %w", err)
+		}
+	}
+	t.Paths.Disk, t.ForeignDisk = path, true
+	return nil
 }

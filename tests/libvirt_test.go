@@ -110,7 +110,8 @@ func TestLibvirtCheck(t *testing.T) {
 	g := d.guest
 	define := func(name, memoryBacking, balloon string) string {
 		x := `<domain type='qemu'><name>` + name + `</name><memory unit='MiB'>128</memory><vcpu>1</vcpu>` + memoryBacking +
-			`<os><type arch='x86_64' machine='q35'>hvm</type><kernel>` + g.Kernel + `</kernel></os><devices>` + balloon + `</devices></domain>`
+			`<genid/><os><type arch='x86_64' machine='q35'>hvm</type><kernel>` + g.Kernel + `</kernel></os><devices>` + balloon +
+			`<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel></devices></domain>`
 		f := filepath.Join(t.TempDir(), name+".xml")
 		if err := os.WriteFile(f, []byte(x), 0o600); err != nil {
 			t.Fatal(err)

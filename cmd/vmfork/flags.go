@@ -111,6 +111,7 @@ type machineView struct {
 	Ports     []vmfork.PortForward `json:"ports"`
 	Parent    string               `json:"parent,omitempty"`
 	Template  string               `json:"template,omitempty"`
+	Adopted   bool                 `json:"adopted,omitempty"`
 	QMP       string               `json:"qmp_socket"`
 	QGA       string               `json:"qga_socket"`
 	Serial    string               `json:"serial_log"`
@@ -133,6 +134,7 @@ func viewOf(m *vmfork.Machine) machineView {
 	if m.Spec.Disk != "" {
 		v.Disk = m.Paths.Disk
 	}
+	v.Adopted = m.Adopted != nil
 	if m.GuestMAC != "" {
 		v.MAC = m.GuestMAC // a fork child's own MAC, set inside its guest
 	}
