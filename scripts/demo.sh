@@ -35,25 +35,26 @@ ready() { echo "$fork" | awk -v m="$1" '$1 == m { print $6 " " $7 }'; }
 # One exec per machine, all at once, so the counters are read at about the
 # same moment.
 probe() {
-  "$bin" exec "$1" -- sh -c 'echo "$(cat /run/counter.pid 2>/dev/null || echo stopped) $(cat /run/counter) $(cat /data/note)"'
+  "$bin" exec "$1" -- sh -c 'echo "$(cat /run/counter.pid 2>/dev/null || echo stopped) $(cat /run/counter) $(hostname) $(cat /sys/class/net/eth0/address) $(cat /data/note)"'
 }
 table() {
   local dir m
   dir=$(mktemp -d)
   for m in demo demo-1 demo-2 demo-3; do probe "$m" >"$dir/$m" & done
   wait
-  printf '%-8s %-8s %-12s %-8s %-8s %s\n' MACHINE PARENT COUNTER_PID COUNTER READY NOTE
+  printf '%-8s %-7s %-12s %-8s %-8s %-13s %-18s %s\n' MACHINE PARENT COUNTER_PID COUNTER READY HOSTNAME MAC NOTE
   for m in demo demo-1 demo-2 demo-3; do
-    read -r pid n note <"$dir/$m"
+    read -r pid n host mac note <"$dir/$m"
     parent=demo r=$(ready "$m")
     [ "$m" = demo ] && parent=-
-    printf '%-8s %-8s %-12s %-8s %-8s %s\n' "$m" "$parent" "$pid" "$n" "${r:--}" "$note"
+    printf '%-8s %-7s %-12s %-8s %-8s %-13s %-18s %s\n' "$m" "$parent" "$pid" "$n" "${r:--}" "$host" "$mac" "$note"
   done
   rm -rf "$dir"
 }
 echo
 echo "Right after the fork every child runs the source's counter process (same PID),"
-echo "continuing its count from the instant of the fork, and has the unsynced file:"
+echo "continuing its count from the instant of the fork, and has the unsynced file;"
+echo "each has its own hostname and MAC (READY includes giving it that identity):"
 table
 
 step vmfork exec demo-2 -- vmfork-counter stop
