@@ -78,9 +78,15 @@ func (r result) String() string {
 // vmfork runs the CLI with this env's dirs.
 func (e *env) vmfork(args ...string) result {
 	e.t.Helper()
+	return e.vmforkIn("", args...)
+}
+
+// vmforkIn runs the CLI with this env's dirs and stdin as its standard input.
+func (e *env) vmforkIn(stdin string, args ...string) result {
+	e.t.Helper()
 	cmd := exec.Command(e.bin, append([]string{"--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
 	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &out, &errb
 	err := cmd.Run()
 	r := result{stdout: out.String(), stderr: errb.String()}
 	var ee *exec.ExitError

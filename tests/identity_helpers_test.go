@@ -3,11 +3,8 @@
 package tests
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -87,24 +84,6 @@ func (e *env) install(name, path, content string) {
 	if r.code != 0 {
 		e.t.Fatalf("install %s in %s: %s", path, name, r)
 	}
-}
-
-// vmforkIn runs the CLI like env.vmfork, with stdin.
-func (e *env) vmforkIn(stdin string, args ...string) result {
-	e.t.Helper()
-	cmd := exec.Command(e.bin, append([]string{"--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &out, &errb
-	err := cmd.Run()
-	r := result{stdout: out.String(), stderr: errb.String()}
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		r.code = ee.ExitCode()
-	case err != nil:
-		e.t.Fatalf("run vmfork %v: %v", args, err)
-	}
-	return r
 }
 
 // machine returns machine name's record from ls.

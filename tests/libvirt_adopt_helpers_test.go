@@ -3,11 +3,8 @@
 package tests
 
 import (
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,21 +156,6 @@ func waitAgent(t *testing.T, name string) {
 	if !eventually(3*time.Minute, ping) {
 		t.Fatalf("the guest agent of %s does not answer", name)
 	}
-}
-
-// sha256File returns the hex SHA-256 of path's contents.
-func sha256File(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // links returns path's hard-link count.

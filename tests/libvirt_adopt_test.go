@@ -33,7 +33,7 @@ func TestLibvirtAdoptExistingDomain(t *testing.T) {
 
 	var res forkJSON
 	d.cliJSON(&res, "fork", p, "--count", "3")
-	frozen := sha256File(t, disk)
+	frozen := fileSHA256(t, disk)
 	if len(res.Children) != 3 || len(res.Failed) != 0 {
 		t.Fatalf("fork = %+v, want three children", res)
 	}
@@ -82,7 +82,7 @@ func TestLibvirtAdoptExistingDomain(t *testing.T) {
 	for _, m := range []string{p, kids[0]} {
 		d.run(m, "sh", "-c", "echo "+m+" > /data/after-fork && sync")
 	}
-	if got := sha256File(t, disk); got != frozen {
+	if got := fileSHA256(t, disk); got != frozen {
 		t.Errorf("the operator's image changed after the freeze")
 	}
 
@@ -96,7 +96,7 @@ func TestLibvirtAdoptExistingDomain(t *testing.T) {
 	if exists(filepath.Join(d.stateDir, "templates", res.Template)) || exists(filepath.Join(d.memDir, res.Template+".ram")) {
 		t.Errorf("template %s left after its last child went", res.Template)
 	}
-	if got := sha256File(t, disk); got != frozen || links(t, disk) != 1 {
+	if got := fileSHA256(t, disk); got != frozen || links(t, disk) != 1 {
 		t.Errorf("the operator's image after the template went: changed %v, %d links; want unchanged, one link", got != frozen, links(t, disk))
 	}
 	// Not copied up into the overlay either: the image is still its base.
@@ -165,7 +165,7 @@ func TestLibvirtAdoptImageOnAnotherFileSystem(t *testing.T) {
 
 	var first, second forkJSON
 	d.cliJSON(&first, "fork", p, "--count", "1")
-	frozen := sha256File(t, disk)
+	frozen := fileSHA256(t, disk)
 	var tpl templateRecord
 	readJSONFile(t, filepath.Join(d.stateDir, "templates", first.Template, "manifest.json"), &tpl)
 	if tpl.Paths.Disk != disk || !tpl.ForeignDisk {
@@ -185,7 +185,7 @@ func TestLibvirtAdoptImageOnAnotherFileSystem(t *testing.T) {
 			t.Errorf("template %s left after its child went", id)
 		}
 	}
-	if got := sha256File(t, disk); got != frozen {
+	if got := fileSHA256(t, disk); got != frozen {
 		t.Errorf("the operator's image changed after the first freeze")
 	}
 	var rec adoptedRecord
