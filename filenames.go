@@ -7,9 +7,11 @@ const (
 	dirTemplates = "templates"
 	dirJournal   = "journal"
 	dirLocks     = "locks"
+	dirPool      = "pool"
 
 	fileMachine  = "machine.json"
 	fileManifest = "manifest.json"
+	fileMember   = "member.json"
 	fileDisk     = "disk.qcow2"
 	fileQMP      = "qmp.sock"
 	fileQGA      = "qga.sock"

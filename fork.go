@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vmfork/vmfork/customize"
 	"github.com/vmfork/vmfork/overlay"
 )
 
@@ -108,6 +109,11 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	defer unlock()
+	if _, err := mg.Store.LoadMachine(req.Source); errors.Is(err, ErrNotFound) {
+		if t, err := mg.Store.FindKept(req.Source); err == nil {
+			return mg.forkKept(ctx, forker, req, t)
+		}
+	}
 	src, names, adopted, err := mg.checkFork(ctx, req)
 	if err != nil {
 		return nil, err
@@ -141,26 +147,11 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	}
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Info("source frozen")
 
-	res = &ForkResult{Source: src.Name, Template: f.tpl.ID, PauseMS: f.tpl.PauseMS, Children: []ChildResult{}}
 	results := mg.startChildren(ctx, forker, f.tpl, f.children, live, req)
 	f.done()
-	for i, r := range results {
-		if r.err != nil {
-			res.Failed = append(res.Failed, ChildError{Name: f.children[i].Name, Error: r.err.Error(), Identity: r.Identity})
-			continue
-		}
-		res.Children = append(res.Children, r.ChildResult)
-	}
+	res, err = mg.forkOutcome(src.Name, f.tpl, f.children, results)
 	mg.collectTemplates(ctx)
-	switch {
-	case len(res.Failed) == 0:
-		return res, nil
-	case len(res.Children) == 0:
-		return res, fmt.Errorf("fork %q: no child came up: %s", src.Name, failedSummary(res.Failed))
-	default:
-		return res, fmt.Errorf("fork %q: %d of %d children came up; failed: %s: %w",
-			src.Name, len(res.Children), len(f.children), failedSummary(res.Failed), ErrPartial)
-	}
+	return res, err
 }
 
 // checkFork validates everything about a fork that can be checked before
@@ -419,16 +410,26 @@ func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Templa
 	if parallel <= 0 {
 		parallel = 4
 	}
+	// A kept template's warm pool serves the first children. Its members
+	// have fresh vmgenids, so a reproducible identity starts cold.
+	var members []*Machine
+	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible {
+		members = mg.takePool(ctx, tpl, len(children))
+	}
 	out := make([]childOutcome, len(children))
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
 	for i, c := range children {
+		var member *Machine
+		if i < len(members) {
+			member = members[i]
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = mg.startChild(ctx, forker, tpl, c, i+1, live, req.Identity)
+			out[i] = mg.startChild(ctx, forker, tpl, c, i+1, live, member, req.Identity)
 		}()
 	}
 	wg.Wait()
@@ -436,9 +437,10 @@ func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Templa
 }
 
 // startChild starts child c, the index-th (from 1) of its fork, and gives it
-// its identity. A child whose identity chain fails is killed, or kept with its
-// network link down when opts say so; either way it counts as failed.
-func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, index int, live bool, opts IdentityOptions) (o childOutcome) {
+// its identity; a non-nil member is a warm-pool process to start it from. A
+// child whose identity chain fails is killed, or kept with its network link
+// down when opts say so; either way it counts as failed.
+func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, index int, live bool, member *Machine, opts IdentityOptions) (o childOutcome) {
 	log := mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": tpl.ID})
 	start := time.Now()
 	keep := false
@@ -457,7 +459,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 			log.WithError(err).Warn("could not remove the failed child's files")
 		}
 	}()
-	if tpl.Paths.Disk != "" {
+	if tpl.Paths.Disk != "" && member == nil {
 		if err := overlay.Create(ctx, tpl.Paths.Disk, c.Paths.Disk); err != nil {
 			return childOutcome{err: err}
 		}
@@ -465,7 +467,16 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 	if err := mg.prepareIdentity(c, tpl, index, opts); err != nil {
 		return childOutcome{err: err}
 	}
-	if live {
+	if member != nil {
+		// The member's overlay, process, ports and vmgenid become the
+		// child's; only the device state remains to load.
+		if err := mg.adoptMember(c, member); err != nil {
+			return childOutcome{err: err}
+		}
+		if err := forker.(Pooler).Complete(ctx, c, tpl); err != nil {
+			return childOutcome{err: err}
+		}
+	} else if live {
 		c.Paths.RAM, c.Paths.RAMShared = tpl.Paths.RAM, false
 		if err := mg.Store.SaveMachine(c); err != nil {
 			return childOutcome{err: err}

@@ -53,7 +53,7 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 	// that template's disk is read-only and cannot be rebased.
 	needed := map[string]bool{}
 	for _, t := range ts {
-		if users[t.ID] == 0 || t.Paths.Disk == "" {
+		if (users[t.ID] == 0 && t.Name == "") || t.Paths.Disk == "" {
 			continue
 		}
 		chain, err := overlay.Chain(t.Paths.Disk)
@@ -69,7 +69,8 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 		// which would copy the user's whole image): its template can go as
 		// soon as no child maps its RAM.
 		ownDisk := t.Paths.Disk != "" && !t.ForeignDisk
-		if users[t.ID] > 0 || (ownDisk && needed[filepath.Clean(t.Paths.Disk)]) {
+		// A kept template (kept.go) stays until it is given up.
+		if users[t.ID] > 0 || t.Name != "" || (ownDisk && needed[filepath.Clean(t.Paths.Disk)]) {
 			continue
 		}
 		log := mg.Log.WithField("template", t.ID)

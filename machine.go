@@ -20,6 +20,9 @@ const (
 	StateRunning  State = "running"
 	StatePaused   State = "paused" // QEMU is up but the guest does not run
 	StateStopped  State = "stopped"
+	// StatePooled is a warm-pool process of a kept template (pool.go): QEMU
+	// started and waiting for a fork to load the device state.
+	StatePooled State = "pooled"
 )
 
 // PortForward forwards a host TCP port to a guest TCP port through QEMU's

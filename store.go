@@ -48,6 +48,7 @@ func OpenStore(stateDir, memDir string) (*Store, error) {
 		s.StateDir, s.MemDir,
 		filepath.Join(s.StateDir, dirMachines), filepath.Join(s.StateDir, dirTemplates),
 		filepath.Join(s.StateDir, dirJournal), filepath.Join(s.StateDir, dirLocks),
+		filepath.Join(s.StateDir, dirPool),
 	} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
@@ -77,6 +78,9 @@ func (s *Store) MachinePaths(name string) Paths {
 func (s *Store) CreateMachine(m *Machine) error {
 	if err := ValidateName(m.Name); err != nil {
 		return err
+	}
+	if t, err := s.FindKept(m.Name); err == nil {
+		return fmt.Errorf("machine %q: the name belongs to kept template %q: %w", m.Name, t.ID, ErrExists)
 	}
 	dir := filepath.Join(s.StateDir, dirMachines, m.Name)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -140,11 +144,17 @@ func (s *Store) ListMachines() ([]*Machine, error) {
 	return ms, nil
 }
 
-// RemoveMachine deletes machine name's directory and its own RAM file. It
-// never touches a template's RAM file.
+// RemoveMachine deletes machine name's directory and its own RAM file, and
+// the files of the warm-pool process it was started as (pool.go). It never
+// touches a template's RAM file.
 func (s *Store) RemoveMachine(name string) error {
 	if err := ValidateName(name); err != nil {
 		return err
+	}
+	if m, err := s.LoadMachine(name); err == nil && s.inPool(m.Paths.Dir) {
+		if err := os.RemoveAll(m.Paths.Dir); err != nil {
+			return fmt.Errorf("machine %q: remove directory: %w", name, err)
+		}
 	}
 	p := s.MachinePaths(name)
 	if err := os.Remove(p.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -42,6 +42,12 @@ type Template struct {
 	VMGenID  string   `json:"vmgenid,omitempty"`
 	Manifest Manifest `json:"manifest"`
 	PauseMS  float64  `json:"pause_ms,omitempty"`
+	// Name is set on a template kept by name (kept.go): it is never
+	// collected, and children are forked from it any time later.
+	Name string `json:"name,omitempty"`
+	// PoolSize is how many QEMU processes a kept template keeps started
+	// ahead, waiting for a fork (pool.go).
+	PoolSize int `json:"pool_size,omitempty"`
 }
 
 // TemplatePaths are a template's files. Disk is empty when the source had no

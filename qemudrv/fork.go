@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -255,7 +256,19 @@ func manifestOf(m *vmfork.Machine, g qmp.Greeting) vmfork.Manifest {
 // configuration and -incoming defer, RAM mapped share=off from the template,
 // then x-ignore-shared, the device state through a passed fd, and cont once
 // the load has completed (never before: 7.2 would activate the disk early).
-func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfork.Template) (err error) {
+func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfork.Template) error {
+	if err := d.Prestart(ctx, child, t); err != nil {
+		return err
+	}
+	return d.Complete(ctx, child, t)
+}
+
+var _ vmfork.Pooler = (*Driver)(nil)
+
+// Prestart implements vmfork.Pooler: the part of StartChild that does not
+// depend on the fork, up to a QEMU waiting for its device state with
+// x-ignore-shared set. On error no process of m is left.
+func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Template) (err error) {
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
@@ -263,37 +276,60 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if err != nil {
 		return err
 	}
-	if err := pickPorts(child.Spec.Ports); err != nil {
+	if err := pickPorts(m.Spec.Ports); err != nil {
 		return err
 	}
-	p, err := spawn(bin, Argv(child, ArgvOptions{Incoming: true}), child.Paths.Log)
+	p, err := spawn(bin, Argv(m, ArgvOptions{Incoming: true}), m.Paths.Log)
 	if err != nil {
 		return err
 	}
-	child.PID = p.pid
+	m.PID = p.pid
 	defer func() {
 		if err != nil {
 			p.kill()
-			child.PID = 0
+			m.PID = 0
 		}
 	}()
-	mon, err := dialQMP(ctx, child.Paths.QMP, p, child.Paths.Log, d.log.WithField("machine", child.Name))
+	mon, err := dialQMP(ctx, m.Paths.QMP, p, m.Paths.Log, d.log.WithField("machine", m.Name))
 	if err != nil {
 		return err
 	}
 	defer mon.Close()
-	got := manifestOf(child, mon.Greeting())
+	got := manifestOf(m, mon.Greeting())
 	got.RAMSharedWithChildren, got.DevStateBytes = t.Manifest.RAMSharedWithChildren, t.Manifest.DevStateBytes
 	if err := got.Check(t.Manifest); err != nil {
 		return err
 	}
-	if err := d.loadDeviceState(ctx, mon, t); err != nil {
-		select {
-		case <-p.done:
-			return fmt.Errorf("load device state: %w", exitError(p.err, child.Paths.Log))
-		case <-time.After(100 * time.Millisecond):
-			return fmt.Errorf("load device state: %w", err)
+	// Capabilities are global to the QEMU process and outlive this
+	// connection; the device-state fd is passed in Complete, because QEMU
+	// keeps getfd descriptors per monitor connection state.
+	if err := mon.MigrateSetCapabilities(ctx, xIgnoreShared); err != nil {
+		return fmt.Errorf("set %s: %w", qmp.CapXIgnoreShared, err)
+	}
+	return nil
+}
+
+// Complete implements vmfork.Pooler: it loads the device state into a
+// prestarted m, keeps its link down and lets it run. On error m's process
+// is killed.
+func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Template) (err error) {
+	defer func() {
+		if err != nil && alive(m.PID, m.Paths.QMP) {
+			syscall.Kill(m.PID, syscall.SIGKILL)
 		}
+	}()
+	mon, err := qmp.Dial(ctx, m.Paths.QMP, qmp.WithLogger(d.log.WithField("machine", m.Name)))
+	if err != nil {
+		return fmt.Errorf("connect to QMP: %w", err)
+	}
+	defer mon.Close()
+	if err := d.loadDeviceState(ctx, mon, t); err != nil {
+		// A QEMU that rejects the stream exits: its log says why.
+		time.Sleep(100 * time.Millisecond)
+		if !alive(m.PID, m.Paths.QMP) {
+			return fmt.Errorf("load device state: %w", exitError(nil, m.Paths.Log))
+		}
+		return fmt.Errorf("load device state: %w", err)
 	}
 	// The child wakes with its source's MAC and addresses: keep it off the
 	// network until its identity chain has run (vmfork.LinkSetter).
@@ -307,9 +343,6 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 }
 
 func (d *Driver) loadDeviceState(ctx context.Context, mon *qmp.Monitor, t *vmfork.Template) error {
-	if err := mon.MigrateSetCapabilities(ctx, xIgnoreShared); err != nil {
-		return err
-	}
 	f, err := os.Open(t.Paths.DevState)
 	if err != nil {
 		return err

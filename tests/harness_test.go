@@ -163,11 +163,12 @@ func (e *env) list() []machineJSON {
 }
 
 // cleanup kills every QEMU process started with this env's state dir (found by
-// PID in the machine records and checked against its command line), then
+// PID in the machine and warm-pool records and checked against its command line), then
 // removes the dirs.
 func (e *env) cleanup() {
 	recs, _ := filepath.Glob(filepath.Join(e.stateDir, "machines", "*", "machine.json"))
-	for _, rec := range recs {
+	members, _ := filepath.Glob(filepath.Join(e.stateDir, "pool", "*", "*", "member.json"))
+	for _, rec := range append(recs, members...) {
 		var m struct {
 			PID int `json:"pid"`
 		}

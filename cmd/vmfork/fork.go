@@ -26,7 +26,9 @@ file and open connection of the source. Children share the template's RAM and
 disk copy-on-write, so a child costs only what it changes.
 
 A stopped source has only its disk: its children boot fresh from a
-copy-on-write view of it.
+copy-on-write view of it. SOURCE may also name a kept template ("vmfork
+template save"): its children continue from the instant it was saved, the
+source is not touched, and processes of its warm pool are used first.
 
 Children are named NAME... or, with --count, PREFIX-1, PREFIX-2, ... (the next
 free numbers; PREFIX defaults to SOURCE). When only some children come up,

@@ -93,6 +93,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 		Commands: []*cli.Command{
 			bootCommand,
 			forkCommand,
+			templateCommand,
 			lsCommand,
 			execCommand,
 			stopCommand,

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+)
+
+var templateCommand = &cli.Command{
+	Name:  "template",
+	Usage: "keep a machine's instant by name, to fork children from it later",
+	Description: `A kept template is a fork point with a name. "template save" freezes a running
+machine once (it pauses as for a fork, then carries on); "vmfork fork NAME"
+then makes children that continue from that instant, any time later and as
+often as wanted, without touching the source again. The template's RAM and
+disk stay until "template rm", and after that until its last child is gone.
+
+A warm pool (--pool K) keeps K QEMU processes of the template started ahead,
+waiting: a fork takes them first and only loads the device state, so QEMU's
+start is off the child's critical path. Each waiting process holds some tens
+of MiB; the pool is refilled at the end of every fork from the template.
+
+   vmfork template save desktop golden --pool 4
+   vmfork fork golden --count 100
+   vmfork template ls
+   vmfork template pool golden 8
+   vmfork template rm golden`,
+	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand},
+}
+
+var templateSaveCommand = &cli.Command{
+	Name:      "save",
+	Usage:     "keep running machine SOURCE's current instant as template NAME",
+	ArgsUsage: "SOURCE NAME",
+	Description: `Freezes SOURCE (a pause of a fraction of a second, as for a fork; its
+pre-fork hooks run first) into a template named NAME. NAME shares the
+namespace of machine names. With --pool K, K processes are started ahead.`,
+	Flags: []cli.Flag{
+		&cli.IntFlag{Name: "pool", Usage: fmt.Sprintf("processes to keep started ahead (0 to %d)", vmfork.MaxPoolSize)},
+		jsonFlag,
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 2 {
+			return usageError{errors.New("template save needs a running machine and a name: vmfork template save SOURCE NAME")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		req := vmfork.KeepRequest{Source: cliCtx.Args().Get(0), Name: cliCtx.Args().Get(1), Pool: cliCtx.Int("pool")}
+		t, err := mg.Keep(ctx, req)
+		if t == nil {
+			return err
+		}
+		st, _ := mg.Templates(ctx)
+		for _, s := range st {
+			if s.ID == t.ID {
+				if cliCtx.Bool("json") {
+					if perr := printJSON(s); perr != nil {
+						return perr
+					}
+					return err
+				}
+				fmt.Printf("kept %s as template %s (%s; source paused %.1f ms; pool %d of %d)\n",
+					req.Source, s.Name, s.ID, s.PauseMS, s.Pooled, s.PoolSize)
+			}
+		}
+		return err
+	},
+}
+
+var templateLsCommand = &cli.Command{
+	Name:  "ls",
+	Usage: "list templates: kept ones, and live forks' that children still map",
+	Flags: []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		ts, err := mg.Templates(ctx)
+		if err != nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(ts)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tID\tSOURCE\tMEMORY\tRAM HELD\tCHILDREN\tPOOL\tCREATED")
+		for _, t := range ts {
+			held := "-"
+			if t.HasMemory {
+				held = fmt.Sprintf("%.1f MiB", float64(t.RAMBytes)/(1<<20))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
+				held, t.Children, t.Pooled, t.PoolSize, t.Created.Local().Format("2006-01-02 15:04:05"))
+		}
+		return tw.Flush()
+	},
+}
+
+var templatePoolCommand = &cli.Command{
+	Name:      "pool",
+	Usage:     "set how many processes kept template NAME keeps started ahead",
+	ArgsUsage: "NAME SIZE",
+	Flags:     []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 2 {
+			return usageError{errors.New("template pool needs a template and a size: vmfork template pool NAME SIZE")}
+		}
+		size, err := strconv.Atoi(cliCtx.Args().Get(1))
+		if err != nil {
+			return usageError{fmt.Errorf("pool size %q is not a number", cliCtx.Args().Get(1))}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		st, err := mg.SetPool(ctx, cliCtx.Args().Get(0), size)
+		if st == nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			if perr := printJSON(st); perr != nil {
+				return perr
+			}
+			return err
+		}
+		fmt.Printf("template %s: pool %d of %d\n", st.Name, st.Pooled, st.PoolSize)
+		return err
+	},
+}
+
+var templateRmCommand = &cli.Command{
+	Name:      "rm",
+	Usage:     "give up kept template NAME; its memory goes once no child maps it",
+	ArgsUsage: "NAME",
+	Flags:     []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{errors.New("template rm needs a template name: vmfork template rm NAME")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		name := cliCtx.Args().First()
+		gone, err := mg.Unkeep(ctx, name)
+		if err != nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(struct {
+				Name    string `json:"name"`
+				Removed bool   `json:"removed"`
+			}{name, gone})
+		}
+		if gone {
+			fmt.Printf("removed template %s\n", name)
+		} else {
+			fmt.Printf("template %s is no longer kept; its files go with its last child\n", name)
+		}
+		return nil
+	},
+}

@@ -1,0 +1,310 @@
+package vmfork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// A kept template is a fork point with a name: `vmfork template save SRC
+// NAME` freezes a running machine once (it pauses as for a fork, and carries
+// on), and `vmfork fork NAME` makes children from that instant any time
+// later, without touching the source again. It is never collected; `vmfork
+// template rm` gives it up, and its memory goes once no child maps it. Kept
+// template names share the namespace of machine names, so `fork NAME` is
+// never ambiguous.
+
+// KeepRequest asks to keep running machine Source's current instant as
+// template Name.
+type KeepRequest struct {
+	Source string
+	Name   string
+	// Pool is how many processes to keep started ahead (pool.go).
+	Pool int
+	// Identity supplies the source's pre-fork hooks (run before the freeze).
+	Identity IdentityOptions
+}
+
+// TemplateStatus is a template as `vmfork template ls` shows it. Its JSON
+// form is a contract with scripts.
+type TemplateStatus struct {
+	Name      string    `json:"name,omitempty"` // empty for a live fork's template
+	ID        string    `json:"id"`
+	Source    string    `json:"source"`
+	Created   time.Time `json:"created"`
+	MemoryMiB int       `json:"memory_mib"`
+	HasMemory bool      `json:"has_memory"`
+	// RAMBytes is what the frozen RAM file holds (its allocated extents).
+	RAMBytes int64   `json:"ram_bytes"`
+	PauseMS  float64 `json:"pause_ms,omitempty"`
+	// Children counts machines that map the template's RAM now.
+	Children int `json:"children"`
+	PoolSize int `json:"pool_size"`
+	Pooled   int `json:"pooled"` // live members of the warm pool
+}
+
+// FindKept returns the template kept under name; ErrNotFound if none is.
+func (s *Store) FindKept(name string) (*Template, error) {
+	ts, err := s.ListTemplates()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		if t.Name == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
+}
+
+// Keep freezes running machine req.Source into a template kept as req.Name
+// and starts its warm pool. The source pauses as for a fork and runs on.
+// When only the pool fails the template is kept and the error wraps
+// ErrPartial.
+func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err error) {
+	forker, ok := mg.Driver.(Forker)
+	if !ok {
+		return nil, fmt.Errorf("keep %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := ValidateName(req.Source); err != nil {
+		return nil, fmt.Errorf("keep: %w", err)
+	}
+	if err := ValidateName(req.Name); err != nil {
+		return nil, fmt.Errorf("keep %q: template %w", req.Source, err)
+	}
+	if err := checkPoolSize(req.Pool); err != nil {
+		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
+	}
+	if _, ok := mg.Driver.(Pooler); req.Pool > 0 && !ok {
+		return nil, fmt.Errorf("keep %q: driver %q has no warm pool (use --pool 0): %w", req.Source, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := req.Identity.Validate(); err != nil {
+		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
+	}
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
+	}
+	unlockName, err := mg.Store.Lock(ctx, req.Name)
+	if err != nil {
+		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
+	}
+	defer unlockName()
+	if _, err := mg.Store.LoadMachine(req.Name); err == nil {
+		return nil, fmt.Errorf("keep %q as %q: a machine has that name: %w", req.Source, req.Name, ErrExists)
+	}
+	if k, err := mg.Store.FindKept(req.Name); err == nil {
+		return nil, fmt.Errorf("keep %q as %q: template %s is kept under that name: %w", req.Source, req.Name, k.ID, ErrExists)
+	}
+	unlock, err := mg.Store.Lock(ctx, req.Source)
+	if err != nil {
+		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
+	}
+	defer unlock()
+	src, err := mg.Get(ctx, req.Source)
+	if err != nil {
+		return nil, fmt.Errorf("keep: %w", err)
+	}
+	if src.Driver != mg.Driver.Name() {
+		return nil, fmt.Errorf("keep %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
+	}
+	if src.State != StateRunning {
+		return nil, fmt.Errorf("keep %q: machine is %s; only a running machine's instant can be kept: %w", src.Name, src.State, ErrInvalid)
+	}
+	f, err := mg.prepareFork(src, nil)
+	if err != nil {
+		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
+	}
+	t = f.tpl
+	t.Name, t.PoolSize = req.Name, req.Pool
+	if err = mg.Store.SaveTemplate(t); err == nil {
+		if err = mg.preFork(ctx, src, req.Identity); err == nil {
+			err = mg.freezeRunning(ctx, forker, src, t)
+		}
+	}
+	if err != nil {
+		// Not kept after all: collectTemplates may take it.
+		t.Name, t.PoolSize = "", 0
+		mg.Store.SaveTemplate(t)
+		f.abort(ctx, !errors.Is(err, ErrStillPaused))
+		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
+	}
+	f.done()
+	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": t.ID, "name": t.Name, "pause_ms": t.PauseMS}).Info("template kept")
+	if err := mg.fillPool(ctx, t); err != nil {
+		return t, fmt.Errorf("keep %q: %w: %w", src.Name, err, ErrPartial)
+	}
+	return t, nil
+}
+
+func checkPoolSize(n int) error {
+	if n < 0 || n > MaxPoolSize {
+		return fmt.Errorf("pool size %d must be from 0 to %d: %w", n, MaxPoolSize, ErrInvalid)
+	}
+	return nil
+}
+
+// SetPool changes kept template name's pool size and starts or stops
+// members to match.
+func (mg *Manager) SetPool(ctx context.Context, name string, size int) (*TemplateStatus, error) {
+	if err := checkPoolSize(size); err != nil {
+		return nil, fmt.Errorf("template %q: %w", name, err)
+	}
+	t, unlock, err := mg.lockKept(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	t.PoolSize = size
+	if err := mg.Store.SaveTemplate(t); err != nil {
+		return nil, err
+	}
+	err = mg.fillPool(ctx, t)
+	st := mg.templateStatus(ctx, t, nil)
+	return &st, err
+}
+
+// Unkeep gives up kept template name: its pool stops, and it is removed as
+// soon as no child maps its memory. It reports whether it is gone already.
+func (mg *Manager) Unkeep(ctx context.Context, name string) (gone bool, err error) {
+	t, unlock, err := mg.lockKept(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	mg.removePool(ctx, t.ID)
+	t.Name, t.PoolSize = "", 0
+	if err := mg.Store.SaveTemplate(t); err != nil {
+		return false, err
+	}
+	mg.collectTemplates(ctx)
+	_, err = mg.Store.LoadTemplate(t.ID)
+	return errors.Is(err, ErrNotFound), nil
+}
+
+// lockKept locks kept template name and loads it.
+func (mg *Manager) lockKept(ctx context.Context, name string) (*Template, func(), error) {
+	if err := ValidateName(name); err != nil {
+		return nil, nil, fmt.Errorf("template: %w", err)
+	}
+	unlock, err := mg.Store.Lock(ctx, name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("template %q: %w", name, err)
+	}
+	t, err := mg.Store.FindKept(name)
+	if err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return t, unlock, nil
+}
+
+// Templates lists every template: kept ones and those of live forks that
+// children still map.
+func (mg *Manager) Templates(ctx context.Context) ([]TemplateStatus, error) {
+	ts, err := mg.Store.ListTemplates()
+	if err != nil {
+		return nil, err
+	}
+	ms, err := mg.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TemplateStatus, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, mg.templateStatus(ctx, t, ms))
+	}
+	return out, nil
+}
+
+// templateStatus describes t; ms are the machines, or nil to read them.
+func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machine) TemplateStatus {
+	if ms == nil {
+		ms, _ = mg.List(ctx)
+	}
+	st := TemplateStatus{
+		Name: t.Name, ID: t.ID, Source: t.Source, Created: t.Created, MemoryMiB: t.Spec.MemoryMiB,
+		HasMemory: t.HasMemory, PauseMS: t.PauseMS, PoolSize: t.PoolSize,
+	}
+	if fi, err := os.Stat(t.Paths.RAM); err == nil && t.HasMemory {
+		st.RAMBytes = allocatedBytes(fi)
+	}
+	for _, m := range ms {
+		if m.Template == t.ID && m.State != StateStopped {
+			st.Children++
+		}
+	}
+	members, _ := mg.Store.listPool(t.ID)
+	for _, m := range members {
+		if s, _ := mg.Driver.Status(ctx, m); s != StateStopped {
+			st.Pooled++
+		}
+	}
+	return st
+}
+
+// forkKept makes children of kept template t; the caller holds the lock of
+// t's name. Pool members become the first children; the pool is refilled
+// once every child is up.
+func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest, t *Template) (*ForkResult, error) {
+	if !t.HasMemory {
+		return nil, fmt.Errorf("fork %q: template %s holds no memory: %w", req.Source, t.ID, ErrInvalid)
+	}
+	names, err := mg.childNames(req)
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	if err := req.Identity.ValidateFor(len(names)); err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	done, err := mg.Store.journal(journalEntry{Op: "fork", Template: t.ID, Machines: names})
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	src := &Machine{Name: t.Source, Driver: t.Driver, Accel: t.Accel, Spec: t.Spec}
+	children, err := mg.reserve(src, t, names)
+	if err != nil {
+		done()
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	results := mg.startChildren(ctx, forker, t, children, true, req)
+	done()
+	res, err := mg.forkOutcome(req.Source, t, children, results)
+	if perr := mg.fillPool(ctx, t); perr != nil {
+		mg.Log.WithError(perr).Warn("could not refill the warm pool")
+	}
+	return res, err
+}
+
+// forkOutcome gathers the children's results into a ForkResult and its error.
+func (mg *Manager) forkOutcome(source string, t *Template, children []*Machine, results []childOutcome) (*ForkResult, error) {
+	res := &ForkResult{Source: source, Template: t.ID, PauseMS: t.PauseMS, Children: []ChildResult{}}
+	for i, r := range results {
+		if r.err != nil {
+			res.Failed = append(res.Failed, ChildError{Name: children[i].Name, Error: r.err.Error(), Identity: r.Identity})
+			continue
+		}
+		res.Children = append(res.Children, r.ChildResult)
+	}
+	switch {
+	case len(res.Failed) == 0:
+		return res, nil
+	case len(res.Children) == 0:
+		return res, fmt.Errorf("fork %q: no child came up: %s", source, failedSummary(res.Failed))
+	default:
+		return res, fmt.Errorf("fork %q: %d of %d children came up; failed: %s: %w",
+			source, len(res.Children), len(children), failedSummary(res.Failed), ErrPartial)
+	}
+}
+
+// allocatedBytes is what a (sparse) file holds on its file system.
+func allocatedBytes(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
+}

@@ -1,0 +1,242 @@
+package vmfork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/overlay"
+)
+
+// A warm pool takes QEMU's start off a child's critical path. A kept
+// template (kept.go) can keep PoolSize processes started ahead with its
+// exact device configuration and -incoming defer, RAM mapped share=off from
+// the template, a fresh vmgenid each, x-ignore-shared set and a disk overlay
+// on the frozen disk already made. A fork from the template takes members
+// first: it only loads the device state and lets the child run.
+//
+// Members live in <state-dir>/pool/<template-id>/<k>/, with their record in
+// member.json. A child made from member k keeps that directory as its own
+// (Machine.Paths.Dir): QEMU knows its files by those names and reopens the
+// disk by name when the disk later becomes a backing image, so they can
+// never move. Taking a member writes the child's record first and removes
+// member.json second; all of it happens under the template's lock.
+//
+// Only kept templates have pools: a live fork's RAM file does not exist
+// before the source is paused, so nothing can be started ahead for it.
+
+// Pooler is the optional driver capability behind warm pools: StartChild
+// split in two.
+type Pooler interface {
+	// Prestart starts m's process from template t up to where it waits
+	// for the device state. On error no process of m is left.
+	Prestart(ctx context.Context, m *Machine, t *Template) error
+	// Complete loads t's device state into prestarted m, keeps its NIC
+	// link down and lets it run. On error m's process is killed.
+	Complete(ctx context.Context, m *Machine, t *Template) error
+}
+
+// MaxPoolSize bounds a kept template's pool: each member holds tens of MiB.
+const MaxPoolSize = 64
+
+func (s *Store) poolRoot() string { return filepath.Join(s.StateDir, dirPool) }
+
+// inPool reports whether dir is a pool member's directory.
+func (s *Store) inPool(dir string) bool {
+	rel, err := filepath.Rel(s.poolRoot(), dir)
+	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
+}
+
+// newPoolMember reserves the next free member directory of kept template t
+// and returns the member's record, not yet saved.
+func (s *Store) newPoolMember(t *Template) (*Machine, error) {
+	dir := filepath.Join(s.poolRoot(), t.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pool of %q: %w", t.Name, err)
+	}
+	for k := 1; ; k++ {
+		d := filepath.Join(dir, strconv.Itoa(k))
+		err := os.Mkdir(d, 0o700)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pool of %q: %w", t.Name, err)
+		}
+		m := &Machine{
+			Name: fmt.Sprintf("%s-pool-%d", t.Name, k), Driver: t.Driver, State: StatePooled,
+			Accel: t.Accel, Spec: t.Spec, Parent: t.Source, Template: t.ID, Created: time.Now().UTC(),
+			VMGenID: newUUID(),
+			Paths: Paths{
+				Dir: d, Disk: filepath.Join(d, fileDisk), QMP: filepath.Join(d, fileQMP),
+				QGA: filepath.Join(d, fileQGA), Serial: filepath.Join(d, fileSerial),
+				Log: filepath.Join(d, fileQEMULog), RAM: t.Paths.RAM, RAMShared: false,
+			},
+		}
+		if t.Paths.Disk == "" {
+			m.Paths.Disk = ""
+		}
+		// Host ports are backends: each member picks free ones of its own.
+		m.Spec.Ports = make([]PortForward, len(t.Spec.Ports))
+		for i, p := range t.Spec.Ports {
+			m.Spec.Ports[i] = PortForward{Guest: p.Guest}
+		}
+		return m, nil
+	}
+}
+
+func (s *Store) savePoolMember(m *Machine) error {
+	if err := writeJSON(filepath.Join(m.Paths.Dir, fileMember), m); err != nil {
+		return fmt.Errorf("pool member %q: save record: %w", m.Name, err)
+	}
+	return nil
+}
+
+// listPool returns kept template id's members, oldest first. A directory
+// without member.json is a child's (or a member being made) and is skipped.
+func (s *Store) listPool(id string) ([]*Machine, error) {
+	dir := filepath.Join(s.poolRoot(), id)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pool of template %q: %w", id, err)
+	}
+	var ms []*Machine
+	for _, e := range entries {
+		var m Machine
+		if readJSON(filepath.Join(dir, e.Name(), fileMember), &m) == nil {
+			ms = append(ms, &m)
+		}
+	}
+	return ms, nil
+}
+
+// fillPool brings kept template t's pool to t.PoolSize live members: it
+// removes dead and extra members and starts new ones. The caller holds the
+// template's lock.
+func (mg *Manager) fillPool(ctx context.Context, t *Template) error {
+	pooler, ok := mg.Driver.(Pooler)
+	if !ok && t.PoolSize > 0 {
+		return fmt.Errorf("template %q: driver %q has no warm pool: %w", t.Name, mg.Driver.Name(), ErrUnsupported)
+	}
+	members, err := mg.Store.listPool(t.ID)
+	if err != nil {
+		return err
+	}
+	live := 0
+	for _, m := range members {
+		st, _ := mg.Driver.Status(ctx, m)
+		if st == StateStopped || live >= t.PoolSize {
+			mg.removePoolMember(ctx, m)
+			continue
+		}
+		live++
+	}
+	var errs []error
+	for ; live < t.PoolSize; live++ {
+		if err := mg.startPoolMember(ctx, pooler, t); err != nil {
+			errs = append(errs, err)
+			break // the next attempt would fail the same way
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("template %q: fill the warm pool: %w", t.Name, errors.Join(errs...))
+	}
+	return nil
+}
+
+func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Template) error {
+	m, err := mg.Store.newPoolMember(t)
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		os.RemoveAll(m.Paths.Dir)
+		return err
+	}
+	if m.Paths.Disk != "" {
+		if err := overlay.Create(ctx, t.Paths.Disk, m.Paths.Disk); err != nil {
+			return fail(err)
+		}
+	}
+	if err := pooler.Prestart(ctx, m, t); err != nil {
+		return fail(err)
+	}
+	if err := mg.Store.savePoolMember(m); err != nil {
+		mg.Driver.Stop(context.WithoutCancel(ctx), m, true)
+		return fail(err)
+	}
+	mg.Log.WithFields(logrus.Fields{"template": t.ID, "member": m.Name, "pid": m.PID}).Debug("pool member started")
+	return nil
+}
+
+func (mg *Manager) removePoolMember(ctx context.Context, m *Machine) {
+	log := mg.Log.WithFields(logrus.Fields{"template": m.Template, "member": m.Name})
+	if err := mg.Driver.Stop(context.WithoutCancel(ctx), m, true); err != nil {
+		log.WithError(err).Warn("could not stop a pool member")
+		return
+	}
+	if err := os.RemoveAll(m.Paths.Dir); err != nil {
+		log.WithError(err).Warn("could not remove a pool member's files")
+	}
+}
+
+// takePool takes up to n live members of kept template t for a fork's
+// children. The caller holds the template's lock and hands every member it
+// got to a child (startChild), which owns its files from then on.
+func (mg *Manager) takePool(ctx context.Context, t *Template, n int) []*Machine {
+	if _, ok := mg.Driver.(Pooler); !ok || n == 0 {
+		return nil
+	}
+	members, err := mg.Store.listPool(t.ID)
+	if err != nil {
+		mg.Log.WithError(err).Warn("warm pool unreadable; starting children cold")
+		return nil
+	}
+	var got []*Machine
+	for _, m := range members {
+		if len(got) == n {
+			break
+		}
+		if st, _ := mg.Driver.Status(ctx, m); st == StateStopped {
+			mg.removePoolMember(ctx, m)
+			continue
+		}
+		got = append(got, m)
+	}
+	return got
+}
+
+// adoptMember makes child c the owner of pool member m: c takes m's process,
+// files, ports and vmgenid. c's record is saved before m's is removed, so a
+// crash in between leaves the process to the journal's repair of c.
+func (mg *Manager) adoptMember(c, m *Machine) error {
+	c.PID, c.VMGenID, c.Paths, c.Spec.Ports = m.PID, m.VMGenID, m.Paths, m.Spec.Ports
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(m.Paths.Dir, fileMember)); err != nil {
+		return fmt.Errorf("take pool member %q: %w", m.Name, err)
+	}
+	return nil
+}
+
+// removePool stops every member of template id's pool and removes the pool
+// directory when nothing else is left in it.
+func (mg *Manager) removePool(ctx context.Context, id string) {
+	members, _ := mg.Store.listPool(id)
+	for _, m := range members {
+		mg.removePoolMember(ctx, m)
+	}
+	os.Remove(filepath.Join(mg.Store.poolRoot(), id)) // fails while children live there
+}
