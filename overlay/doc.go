@@ -8,6 +8,8 @@
 // gets a fresh overlay on it. A frozen layer is removed only when no machine's
 // chain includes it any more.
 //
-// Overlays are made with qemu-img, which QEMU 7.2 requires to be told the
-// backing format (-F); chains are read with go-qcow2reader, without QEMU.
+// Overlays are written in Go, as qemu-img 7.2 would make them (a process
+// cost a child several milliseconds of its start), always naming the backing
+// format, which QEMU 7.2 requires; Rebase still runs qemu-img. Chains are
+// read with go-qcow2reader, without QEMU.
 package overlay

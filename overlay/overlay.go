@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 )
 
 // qemuImg is the qemu-img binary to run: $VMFORK_QEMU_IMG, or qemu-img on
-// the PATH (tests point the variable at a stub).
+// the PATH (tests point the variable at a stub). Only Rebase still runs it;
+// overlays are written in Go (qcow2create.go).
 func qemuImg() string {
 	if p := os.Getenv("VMFORK_QEMU_IMG"); p != "" {
 		return p
@@ -26,26 +28,37 @@ func qemuImg() string {
 	return "qemu-img"
 }
 
-// Create makes a qcow2 overlay at path on top of backing. The backing image's
-// format is read from its header, not guessed by QEMU (7.2 refuses an overlay
-// without -F). path must not exist.
+// Create makes a qcow2 overlay at path on top of backing, as `qemu-img create
+// -f qcow2 -b backing -F FORMAT path` would: backing is recorded as given,
+// with its format (read from its header, not guessed: QEMU 7.2 refuses an
+// overlay without one) and its virtual size. A relative backing is taken
+// relative to path's directory, which is how QEMU will resolve it. path must
+// not exist.
 func Create(ctx context.Context, backing, path string) error {
-	format, err := Format(backing)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("create overlay %s: %w", path, err)
+	}
+	resolved := backing
+	if !filepath.IsAbs(backing) {
+		resolved = filepath.Join(filepath.Dir(path), backing)
+	}
+	format, size, err := probe(resolved)
 	if err != nil {
-		return err
+		return fmt.Errorf("create overlay %s: %w", path, err)
 	}
-	if _, err := os.Lstat(path); err == nil {
-		return fmt.Errorf("create overlay %s: %w", path, os.ErrExist)
-	}
-	return run(ctx, qemuImg(), "create", "-q", "-f", "qcow2", "-b", backing, "-F", string(format), path)
+	return writeOverlay(path, backing, format, size)
 }
 
 // CreateOn makes a qcow2 overlay at path whose backing file is recorded as
 // backing, without opening backing: it may not exist yet, or be held by a
 // running QEMU. A fork uses this to prepare a running machine's next top
-// layer before it pauses the machine. size is the virtual size in bytes.
+// layer before it pauses the machine. size is the virtual size in bytes,
+// rounded up to 512 as qemu-img does. path must not exist.
 func CreateOn(ctx context.Context, backing string, format image.Type, size int64, path string) error {
-	return run(ctx, qemuImg(), "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", string(format), path, fmt.Sprint(size))
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("create overlay %s: %w", path, err)
+	}
+	return writeOverlay(path, backing, format, size)
 }
 
 // Rebase makes top stop reading through the layers between it and
@@ -119,22 +132,49 @@ func inspect(path string) (Layer, string, error) {
 	if err != nil {
 		return Layer{}, "", err
 	}
-	// Open the qcow2 header alone: the backing chain is walked here, one
-	// file at a time, so that each layer's own size is reported.
+	format, size, backing, err := header(f)
+	if err != nil {
+		return Layer{}, "", fmt.Errorf("inspect %s: %w", path, err)
+	}
+	return Layer{Path: path, Format: format, VirtualSize: size, AllocatedBytes: alloc}, backing, nil
+}
+
+// probe returns the format and virtual size of the image at path, for an
+// overlay on it. Like qemu-img create, it does not open path's own backing
+// file.
+func probe(path string) (image.Type, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, fmt.Errorf("backing image: %w", err)
+	}
+	defer f.Close()
+	format, size, _, err := header(f)
+	if err != nil {
+		return "", 0, fmt.Errorf("backing image %s: %w", path, err)
+	}
+	return format, size, nil
+}
+
+// header reads an image's format, virtual size and, for qcow2, the full path
+// of its backing file.
+func header(f *os.File) (image.Type, int64, string, error) {
+	// Open the qcow2 header alone: Chain walks the backing chain itself,
+	// one file at a time, so that each layer's own size is reported, and
+	// an overlay needs only its backing's own header.
 	q, err := qcow2.Open(f, skipBacking)
 	if errors.Is(err, image.ErrWrongType) {
 		img, err := qcow2reader.Open(f)
 		if err != nil {
-			return Layer{}, "", fmt.Errorf("inspect %s: %w", path, err)
+			return "", 0, "", err
 		}
 		defer img.Close()
-		return Layer{Path: path, Format: img.Type(), VirtualSize: img.Size(), AllocatedBytes: alloc}, "", nil
+		return img.Type(), img.Size(), "", nil
 	}
 	if err != nil {
-		return Layer{}, "", fmt.Errorf("inspect %s: %w", path, err)
+		return "", 0, "", err
 	}
 	defer q.Close()
-	return Layer{Path: path, Format: q.Type(), VirtualSize: q.Size(), AllocatedBytes: alloc}, q.BackingFileFullPath, nil
+	return q.Type(), q.Size(), q.BackingFileFullPath, nil
 }
 
 // skipBacking stands in for go-qcow2reader's backing-file opener: Chain
