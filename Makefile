@@ -41,12 +41,18 @@ bench: deps build guest
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
 
 # Side by side (docs/BENCHMARKS.md): vmfork against the bare-QEMU floor, a
-# warm-pool prototype, libvirt save+restore and a cold boot; a 100-child
-# burst; how the cost grows with guest RAM and children. Tables on stdout,
-# plots into docs/. Each takes minutes and loads every core.
+# warm-pool prototype, libvirt save+restore, a cold boot, and vmfork's libvirt
+# driver against virsh create --paused; a 100-child burst; how the cost grows
+# with guest RAM and children. Tables on stdout, plots into docs/. Each takes
+# minutes and loads every core. PEERS_FLAGS adds flags, e.g.
+# make bench-peers PEERS_FLAGS='--guest-use 75%'.
+# The libvirt driver's children need vmfork's start hook: libvirt setup is
+# idempotent and says what it changed.
+PEERS_FLAGS ?=
 bench-peers: deps build guest
 	@scripts/libvirtd.sh
-	$(BIN) bench peers --guest $(GUEST_OUT) --plot docs/bench-peers.svg
+	$(BIN) libvirt setup
+	$(BIN) bench peers --guest $(GUEST_OUT) --plot docs/bench-peers.svg $(PEERS_FLAGS)
 
 bench-burst: deps build guest
 	$(BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg

@@ -28,7 +28,8 @@ with its reference from the same run; compare ratios, not absolutes.
 
    vmfork bench peers     one child made each way: vmfork fork, the bare-QEMU
                           floor, a warm-pool prototype, libvirt save+restore,
-                          a cold boot; time to running and ready, memory (PSS)
+                          a cold boot, vmfork's libvirt driver next to virsh
+                          create --paused; time to running and ready, memory
    vmfork bench burst     N children from one source in one fork call
    vmfork bench scale     pause and child time as guest RAM and children grow
 
@@ -69,7 +70,20 @@ an order that rotates between rounds:
                          libvirt. A restored copy cannot run next to its
                          original (same name and uuid), so the restore is the
                          per-child time and the source's pause is save+restore
-   cold boot             the same guest booted from scratch
+   cold boot             the same guest booted from scratch; it cannot carry
+                         --guest-use (a fresh guest is empty)
+   libvirt driver        vmfork fork of a source booted through the libvirt
+                         driver (vmfork -c), in its own state dir; next to it,
+                         libvirt's own start of the same child XML under
+                         another name: virsh create --paused (no state loaded),
+                         under RUNNING. Needs "vmfork libvirt setup" once.
+
+--guest-use fills each source guest (vmfork's, the libvirt domain, the libvirt
+driver's) with that much non-zero data before the rounds, in a tmpfs in the
+guest: a guest that uses its RAM, as a desktop or an agent's machine mid-run
+does. virsh save and vmfork's freeze both copy what the guest uses, so both
+grow with it; the table says what each copied and what the guests' own
+/proc/meminfo showed.
 
 RUNNING is until the child's vCPUs run, AGENT ANSWERS until its guest agent
 first answers, READY until it is usable: for vmfork that is after its identity
@@ -80,28 +94,48 @@ TCG code, QEMU's other anonymous memory and files. The targets of issue 6 are
 checked at the end of each table.
 
    vmfork bench peers --memory 256M --rounds 1          (a quick look)
+   vmfork bench peers --memory 512M --rounds 1 --guest-use 50% --methods vmfork,libvirt_restore,libvirt_driver
    vmfork bench peers --plot docs/bench-peers.svg       (512M and 2G, 5 rounds)`,
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM sizes, comma-separated", Value: "512M,2G"},
 		&cli.IntFlag{Name: "rounds", Usage: "children made each way per size", Value: 5},
 		&cli.StringFlag{Name: "libvirt", Usage: "libvirt URI of the save/restore comparator", Value: "qemu:///system"},
-		&cli.BoolFlag{Name: "no-libvirt", Usage: "leave the libvirt comparator out"},
+		&cli.BoolFlag{Name: "no-libvirt", Usage: "leave the libvirt comparators (restore, libvirt driver) out"},
+		&cli.StringFlag{Name: "guest-use", Usage: "RAM each source guest holds in use (non-zero data) before the rounds: a share of its RAM such as 75% or a size such as 1536M; 0 leaves the guests as they boot", Value: "0"},
+		&cli.StringFlag{Name: "methods", Usage: "methods to measure, comma-separated, of vmfork,floor,warm_pool,libvirt_restore,cold_boot,libvirt_driver", Value: "all"},
 	}, benchCommonFlags...),
 	Action: func(cliCtx *cli.Context) error {
 		mems, err := parseMemories(cliCtx.String("memory"))
 		if err != nil {
 			return err
 		}
-		opt := bench.PeersOptions{MemoryMiB: mems, Rounds: cliCtx.Int("rounds")}
+		use, err := bench.ParseGuestUse(cliCtx.String("guest-use"))
+		if err != nil {
+			return usageError{fmt.Errorf("--guest-use: %w", err)}
+		}
+		methods, err := bench.ParseMethods(cliCtx.String("methods"))
+		if err != nil {
+			return usageError{fmt.Errorf("--methods: %w", err)}
+		}
+		opt := bench.PeersOptions{MemoryMiB: mems, Rounds: cliCtx.Int("rounds"), GuestUse: use, Methods: methods}
 		if opt.Rounds < 1 {
 			return usageError{fmt.Errorf("--rounds %d: want at least 1", opt.Rounds)}
+		}
+		for _, m := range mems {
+			if _, err := use.MiBFor(m); err != nil {
+				return usageError{fmt.Errorf("--guest-use: %w", err)}
+			}
 		}
 		uri := cliCtx.String("libvirt")
 		if cliCtx.Bool("no-libvirt") {
 			uri = ""
 		}
 		return runBench(cliCtx, uri, func(ctx context.Context, e *bench.Env) (benchResult, error) {
-			return bench.Peers(ctx, e, opt)
+			r, err := bench.Peers(ctx, e, opt)
+			if r == nil {
+				return nil, err // nothing measured (a check failed before anything booted)
+			}
+			return r, err
 		})
 	},
 }
@@ -224,7 +258,7 @@ func runBench(cliCtx *cli.Context, libvirtURI string, run func(context.Context, 
 	}
 	// Every experiment returns what it measured, also with an error; after
 	// a Ctrl-C the user wants the prompt back, not half a table.
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || res == nil {
 		return err
 	}
 	if plot != "" {

@@ -13,6 +13,13 @@
 //   - libvirt save/restore: a plain transient libvirt domain of the same
 //     guest, `virsh save`, then `virsh restore` of a copy of the save file.
 //   - cold boot: the same guest booted from scratch.
+//   - the libvirt driver: Manager.Fork of a source booted through vmfork's
+//     libvirt driver (its own state dir), next to libvirt's own start of the
+//     same child XML, `virsh create --paused` (lvfork.go).
+//
+// With a guest use (--guest-use), every source guest first fills that much
+// of its RAM with non-zero data (guestuse.go), so that the clones copy what
+// a guest in use holds; a cold boot cannot carry it.
 //
 // Every child is read (PSS from /proc/PID/smaps_rollup) at the same age
 // after it answered. An Env owns everything a run starts: its own vmfork

@@ -67,12 +67,14 @@ type Env struct {
 	dir    string // state dir and libvirt files below it
 	memDir string
 	mgr    *vmfork.Manager
+	log    *logrus.Entry
 	events *eventHook
 	host   Host
 
 	mu      sync.Mutex
 	pids    map[int]string  // QEMU processes the harness spawned itself → a marker in their argv
 	domains map[string]bool // libvirt domains by name
+	lv      *vmfork.Manager // on the libvirt driver, when a method uses it
 	steps   Progress
 }
 
@@ -128,6 +130,7 @@ func NewEnv(ctx context.Context, cfg Config) (*Env, error) {
 		l.AddHook(writerHook{w: cfg.Log, level: level, f: &logrus.TextFormatter{DisableTimestamp: true}})
 	}
 	log := logrus.NewEntry(l)
+	e.log = log
 	e.mgr = vmfork.NewManager(store, qemudrv.New(log), log)
 	e.host = describeHost(ctx, cfg.LibvirtURI)
 	return e, nil
@@ -151,7 +154,20 @@ func (e *Env) Close(ctx context.Context) error {
 	for p, m := range e.pids {
 		pids[p] = m
 	}
+	lv := e.lv
 	e.mu.Unlock()
+	if lv != nil {
+		// Through the driver first: it destroys its domains and forgets them
+		// cleanly, children before their sources (their templates go with
+		// their last child).
+		ms, _ := lv.Store.ListMachines()
+		for i := len(ms) - 1; i >= 0; i-- {
+			if err := lv.Remove(ctx, ms[i].Name, true); err != nil && !errors.Is(err, vmfork.ErrNotFound) {
+				errs = append(errs, err)
+			}
+		}
+		errs = append(errs, closeDriver(lv.Driver))
+	}
 	for _, d := range domains {
 		errs = append(errs, e.destroyDomain(ctx, d))
 	}

@@ -21,6 +21,9 @@ type Host struct {
 	Accel         string    `json:"accel"`
 	LoadAverage   string    `json:"load_average_at_start"`
 	Started       time.Time `json:"started"`
+	// KSM says whether the host merges identical pages: it would shrink the
+	// guest-use fill (a repeated MiB) in every QEMU, libvirt's too.
+	KSM bool `json:"ksm_running"`
 }
 
 func (h Host) String() string {
@@ -51,6 +54,9 @@ func describeHost(ctx context.Context, libvirtURI string) Host {
 				break
 			}
 		}
+	}
+	if data, err := os.ReadFile("/sys/kernel/mm/ksm/run"); err == nil {
+		h.KSM = strings.TrimSpace(string(data)) == "1"
 	}
 	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		h.Kernel = strings.TrimSpace(string(data))

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vmfork/vmfork"
@@ -23,7 +26,82 @@ const (
 	MethodWarm    Method = "warm_pool"
 	MethodRestore Method = "libvirt_restore"
 	MethodCold    Method = "cold_boot"
+	// MethodLibvirtDriver forks a source booted through vmfork's libvirt
+	// driver; MethodLibvirtCreate is its reference, libvirt's own start of
+	// the same child XML (lvfork.go). The second comes with the first.
+	MethodLibvirtDriver Method = "libvirt_driver"
+	MethodLibvirtCreate Method = "libvirt_create_paused"
 )
+
+// allMethods is every method in the order of a round's rotation. Each
+// method that uses another's child (the floor and the warm pool load a
+// vmfork child's template, create --paused a libvirt driver child's XML)
+// comes after it, so the first round has that child.
+var allMethods = []Method{MethodVmfork, MethodFloor, MethodWarm, MethodRestore, MethodCold, MethodLibvirtDriver, MethodLibvirtCreate}
+
+// ParseMethods reads --methods: method names separated by commas, "all", or
+// "" (all). libvirt_driver brings libvirt_create_paused with it. The
+// result is in rotation order; Peers checks what each method needs.
+func ParseMethods(s string) ([]Method, error) {
+	if t := strings.TrimSpace(s); t == "" || t == "all" {
+		return nil, nil
+	}
+	want := map[Method]bool{}
+	for _, f := range strings.Split(s, ",") {
+		m := Method(strings.TrimSpace(f))
+		if m == MethodLibvirtCreate || !slices.Contains(allMethods, m) {
+			var names []string
+			for _, a := range allMethods {
+				if a != MethodLibvirtCreate {
+					names = append(names, string(a))
+				}
+			}
+			return nil, fmt.Errorf("method %q: want some of %s: %w", f, strings.Join(names, ","), vmfork.ErrInvalid)
+		}
+		want[m] = true
+	}
+	want[MethodLibvirtCreate] = want[MethodLibvirtDriver]
+	for _, m := range []Method{MethodFloor, MethodWarm} {
+		if want[m] && !want[MethodVmfork] {
+			return nil, fmt.Errorf("method %s loads the template of a vmfork child: add vmfork: %w", m, vmfork.ErrInvalid)
+		}
+	}
+	var out []Method
+	for _, m := range allMethods {
+		if want[m] {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// peerMethods is what a run measures: the requested methods (nil: all),
+// without libvirt's when there is no libvirt. Asking for a libvirt method
+// without libvirt is an error.
+func peerMethods(requested []Method, libvirt bool) ([]Method, error) {
+	explicit := requested != nil
+	if !explicit {
+		requested = allMethods
+	}
+	var out []Method
+	for _, m := range requested {
+		if m.libvirt() && !libvirt {
+			if explicit {
+				return nil, fmt.Errorf("method %s needs libvirt (leave out --no-libvirt): %w", m, vmfork.ErrInvalid)
+			}
+			continue
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no method to measure: %w", vmfork.ErrInvalid)
+	}
+	return out, nil
+}
+
+func (m Method) libvirt() bool {
+	return m == MethodRestore || m == MethodLibvirtDriver || m == MethodLibvirtCreate
+}
 
 // Label is the method's name in tables and plots.
 func (m Method) Label() string {
@@ -38,6 +116,10 @@ func (m Method) Label() string {
 		return "libvirt save + restore"
 	case MethodCold:
 		return "cold boot"
+	case MethodLibvirtDriver:
+		return "vmfork fork, libvirt driver"
+	case MethodLibvirtCreate:
+		return "virsh create --paused (its XML)"
 	}
 	return string(m)
 }
@@ -103,8 +185,11 @@ type Sample struct {
 	// WallMS is the whole clone operation, source's part included.
 	WallMS        float64 `json:"wall_ms,omitempty"`
 	SaveFileBytes int64   `json:"save_file_bytes,omitempty"`
-	Phases        Phases  `json:"phases"`
-	Steps         []Step  `json:"identity_steps,omitempty"`
+	// TemplateRAMBytes is what a fork's freeze copied: the allocated part of
+	// its template's RAM file.
+	TemplateRAMBytes int64  `json:"template_ram_bytes,omitempty"`
+	Phases           Phases `json:"phases"`
+	Steps            []Step `json:"identity_steps,omitempty"`
 }
 
 // Summary is the medians of one method's samples.
@@ -120,8 +205,12 @@ type Summary struct {
 	PoolIdle  int64   `json:"pool_idle_pss_bytes,omitempty"`
 	PauseMS   float64 `json:"source_pause_ms,omitempty"`
 	WallMS    float64 `json:"wall_ms,omitempty"`
-	Phases    Phases  `json:"phases"`
-	Steps     []Step  `json:"identity_steps,omitempty"`
+	// SaveFileBytes is virsh save's file; TemplateRAMBytes what a fork's
+	// freeze copied. Both grow with what the guest uses.
+	SaveFileBytes    int64  `json:"save_file_bytes,omitempty"`
+	TemplateRAMBytes int64  `json:"template_ram_bytes,omitempty"`
+	Phases           Phases `json:"phases"`
+	Steps            []Step `json:"identity_steps,omitempty"`
 }
 
 // Ratio compares vmfork with a reference. Met is nil where there is no target.
@@ -131,19 +220,28 @@ type Ratio struct {
 	Target string  `json:"target,omitempty"`
 	Met    *bool   `json:"met,omitempty"`
 	// By is how far the value is from the target, as a factor (> 1 when
-	// missed).
+	// missed); for a difference (Unit "ms"), in the unit.
 	By float64 `json:"missed_by,omitempty"`
+	// Unit is "ms" for a difference of times; empty for a ratio.
+	Unit string `json:"unit,omitempty"`
 }
 
 // PeersSize is the comparison at one guest RAM size.
 type PeersSize struct {
-	MemoryMiB      int       `json:"memory_mib"`
-	SourceBootMS   float64   `json:"source_boot_ms"`
-	LibvirtBootMS  float64   `json:"libvirt_boot_ms,omitempty"`
-	SourceRSSBytes int64     `json:"source_rss_bytes"`
-	Summary        []Summary `json:"summary"`
-	Ratios         []Ratio   `json:"ratios"`
-	Samples        []Sample  `json:"samples"`
+	MemoryMiB     int     `json:"memory_mib"`
+	SourceBootMS  float64 `json:"source_boot_ms"`
+	LibvirtBootMS float64 `json:"libvirt_boot_ms,omitempty"`
+	// LibvirtDriverBootMS is the boot of the libvirt driver's source.
+	LibvirtDriverBootMS float64 `json:"libvirt_driver_boot_ms,omitempty"`
+	SourceRSSBytes      int64   `json:"source_rss_bytes"`
+	// GuestUseMiB is what each source guest was filled with before the
+	// rounds (--guest-use), and Fills how each got it. A cold boot starts
+	// empty: it cannot carry the fill.
+	GuestUseMiB int       `json:"guest_use_mib"`
+	Fills       []Fill    `json:"guest_use_fills,omitempty"`
+	Summary     []Summary `json:"summary"`
+	Ratios      []Ratio   `json:"ratios"`
+	Samples     []Sample  `json:"samples"`
 }
 
 // PeersResult is `vmfork bench peers`.
@@ -151,13 +249,18 @@ type PeersResult struct {
 	Host     Host        `json:"host"`
 	Rounds   int         `json:"rounds"`
 	SettleMS float64     `json:"settle_ms"`
+	GuestUse GuestUse    `json:"guest_use"`
+	Methods  []Method    `json:"methods"`
 	Sizes    []PeersSize `json:"sizes"`
 }
 
-// PeersOptions choose the sizes and the number of rounds.
+// PeersOptions choose the sizes, the number of rounds, the methods and how
+// much RAM the source guests use.
 type PeersOptions struct {
-	MemoryMiB []int // default 512 and 2048
-	Rounds    int   // default 5
+	MemoryMiB []int    // default 512 and 2048
+	Rounds    int      // default 5
+	Methods   []Method // nil: all (libvirt's only with libvirt)
+	GuestUse  GuestUse // zero: the guests as they boot
 }
 
 // Peers makes one child each way per round, for each guest RAM size, and
@@ -170,14 +273,28 @@ func Peers(ctx context.Context, e *Env, opt PeersOptions) (*PeersResult, error) 
 	if opt.Rounds <= 0 {
 		opt.Rounds = 5
 	}
-	methods := []Method{MethodVmfork, MethodFloor, MethodWarm, MethodRestore, MethodCold}
-	if e.cfg.LibvirtURI == "" {
-		methods = []Method{MethodVmfork, MethodFloor, MethodWarm, MethodCold}
+	methods, err := peerMethods(opt.Methods, e.cfg.LibvirtURI != "")
+	if err != nil {
+		return nil, err
 	}
-	res := &PeersResult{Rounds: opt.Rounds, SettleMS: ms(e.cfg.Settle)}
-	e.begin(len(opt.MemoryMiB) * (2 + opt.Rounds*len(methods)))
+	// Everything that can fail without booting anything fails first.
 	for _, mem := range opt.MemoryMiB {
-		sz, err := e.peersAt(ctx, mem, opt.Rounds, methods)
+		if _, err := opt.GuestUse.MiBFor(mem); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(methods, MethodLibvirtDriver) {
+		if err := e.checkLibvirtHook(ctx); err != nil {
+			return nil, err
+		}
+		if _, err := e.libvirtManager(); err != nil {
+			return nil, err
+		}
+	}
+	res := &PeersResult{Rounds: opt.Rounds, SettleMS: ms(e.cfg.Settle), GuestUse: opt.GuestUse, Methods: methods}
+	e.begin(len(opt.MemoryMiB) * (3 + opt.Rounds*len(methods)))
+	for _, mem := range opt.MemoryMiB {
+		sz, err := e.peersAt(ctx, mem, opt, methods)
 		res.Host = e.host
 		if sz != nil {
 			res.Sizes = append(res.Sizes, *sz)
@@ -189,8 +306,11 @@ func Peers(ctx context.Context, e *Env, opt PeersOptions) (*PeersResult, error) 
 	return res, nil
 }
 
-func (e *Env) peersAt(ctx context.Context, mem, rounds int, methods []Method) (sz *PeersSize, err error) {
+func (e *Env) peersAt(ctx context.Context, mem int, opt PeersOptions, methods []Method) (sz *PeersSize, err error) {
 	sz = &PeersSize{MemoryMiB: mem}
+	if sz.GuestUseMiB, err = opt.GuestUse.MiBFor(mem); err != nil {
+		return nil, err
+	}
 	src := fmt.Sprintf("src%d", mem)
 	e.announce("peers %s: booting the source", memLabel(mem))
 	m, bootD, err := e.boot(ctx, src, mem)
@@ -204,9 +324,12 @@ func (e *Env) peersAt(ctx context.Context, mem, rounds int, methods []Method) (s
 		rctx := context.WithoutCancel(ctx)
 		err = errors.Join(err, e.remove(rctx, children...), e.remove(rctx, src))
 	}()
+	if err := e.fill(ctx, sz, managerRunner(e.mgr, src), MethodVmfork, src); err != nil {
+		return sz, err
+	}
 	e.step("peers %s: source booted", memLabel(mem))
 	var dom *libvirtDomain
-	if e.cfg.LibvirtURI != "" {
+	if slices.Contains(methods, MethodRestore) {
 		e.announce("peers %s: booting the libvirt domain", memLabel(mem))
 		var d time.Duration
 		if dom, d, err = e.createDomain(ctx, mem, m.Spec.MachineType); err != nil {
@@ -214,30 +337,40 @@ func (e *Env) peersAt(ctx context.Context, mem, rounds int, methods []Method) (s
 		}
 		sz.LibvirtBootMS = ms(d)
 		defer func() { err = errors.Join(err, e.destroyDomain(context.WithoutCancel(ctx), dom.name)) }()
+		if err := e.fill(ctx, sz, e.domainRunner(dom.name), MethodRestore, dom.name); err != nil {
+			return sz, err
+		}
 	}
 	e.step("peers %s: libvirt domain booted", memLabel(mem))
-	for r := range rounds {
+	lvSrc := lvName("drv", mem)
+	var lvChildren []string
+	if slices.Contains(methods, MethodLibvirtDriver) {
+		e.announce("peers %s: booting the libvirt driver's source", memLabel(mem))
+		_, d, err := e.bootLibvirtSource(ctx, lvSrc, mem)
+		if err != nil {
+			return sz, err
+		}
+		sz.LibvirtDriverBootMS = ms(d)
+		defer func() {
+			rctx := context.WithoutCancel(ctx)
+			err = errors.Join(err, e.removeLibvirt(rctx, append(lvChildren, lvSrc)...))
+		}()
+		if err := e.fill(ctx, sz, managerRunner(e.lv, lvSrc), MethodLibvirtDriver, lvSrc); err != nil {
+			return sz, err
+		}
+	}
+	e.step("peers %s: libvirt driver's source booted", memLabel(mem))
+	for r := range opt.Rounds {
 		for i := range methods {
 			meth := methods[(i+r)%len(methods)]
-			e.announce("peers %s round %d/%d: %s", memLabel(mem), r+1, rounds, meth.Label())
+			e.announce("peers %s round %d/%d: %s", memLabel(mem), r+1, opt.Rounds, meth.Label())
 			var s Sample
-			last := ""
-			if len(children) > 0 {
-				last = children[len(children)-1]
-			}
+			last, lvLast := lastOf(children), lastOf(lvChildren)
 			switch meth {
 			case MethodVmfork:
 				var child string
 				s, child, err = e.forkOne(ctx, src)
-				if child != "" {
-					children = append(children, child)
-				}
-				// One child at a time, but the previous one only goes now: the
-				// floor and the warm pool of this round may have used its template.
-				if err == nil && len(children) > 1 {
-					err = e.remove(ctx, children[0])
-					children = children[1:]
-				}
+				children, err = keepLast(ctx, children, child, err, e.remove)
 			case MethodFloor:
 				s, err = e.floor(ctx, last)
 			case MethodWarm:
@@ -246,21 +379,66 @@ func (e *Env) peersAt(ctx context.Context, mem, rounds int, methods []Method) (s
 				s, err = e.saveRestore(ctx, dom)
 			case MethodCold:
 				s, err = e.coldBoot(ctx, fmt.Sprintf("cold%d-%d", mem, r+1), mem)
+			case MethodLibvirtDriver:
+				var child string
+				s, child, err = e.forkLibvirt(ctx, lvSrc)
+				lvChildren, err = keepLast(ctx, lvChildren, child, err, e.removeLibvirt)
+			case MethodLibvirtCreate:
+				s, err = e.createPaused(ctx, lvLast, lvName("create", mem)+"-"+strconv.Itoa(r+1))
 			}
 			if err != nil {
 				return sz, fmt.Errorf("round %d: %s: %w", r+1, meth.Label(), err)
 			}
 			s.Method, s.Round = meth, r+1
 			sz.Samples = append(sz.Samples, s)
-			e.step("peers %s round %d/%d: %s ready in %.0f ms", memLabel(mem), r+1, rounds, meth.Label(), s.ReadyMS)
+			e.step("peers %s round %d/%d: %s done in %.0f ms", memLabel(mem), r+1, opt.Rounds, meth.Label(), max(s.ReadyMS, s.RunningMS))
 		}
 	}
 	if r, err := sharedmem.ReadRollup(m.PID); err == nil {
 		sz.SourceRSSBytes = r.RSS
 	}
 	sz.Summary = summarize(sz.Samples, methods)
+	if sz.GuestUseMiB > 0 {
+		for i := range sz.Summary {
+			if sz.Summary[i].Method == MethodCold {
+				sz.Summary[i].Label += " (empty guest)"
+			}
+		}
+	}
 	sz.Ratios = peerRatios(sz.Summary)
 	return sz, nil
+}
+
+func lastOf(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return names[len(names)-1]
+}
+
+// keepLast records a new fork child and removes the one before it: one
+// child at a time, but the previous one goes only now, since the methods
+// run since (the floor, the warm pool, create --paused) may have used it.
+func keepLast(ctx context.Context, children []string, child string, err error, remove func(context.Context, ...string) error) ([]string, error) {
+	if child != "" {
+		children = append(children, child)
+	}
+	if err == nil && len(children) > 1 {
+		err = remove(ctx, children[0])
+		children = children[1:]
+	}
+	return children, err
+}
+
+// fill gives a source guest the run's guest use, if any, and notes it.
+func (e *Env) fill(ctx context.Context, sz *PeersSize, run guestRunner, method Method, guest string) error {
+	if sz.GuestUseMiB == 0 {
+		return nil
+	}
+	e.announce("peers %s: filling %d MiB of %s", memLabel(sz.MemoryMiB), sz.GuestUseMiB, guest)
+	f, err := fillGuest(ctx, run, method, guest, sz.GuestUseMiB)
+	sz.Fills = append(sz.Fills, f)
+	return err
 }
 
 // forkOne forks one child of src and reads its memory once it settled.
@@ -284,6 +462,7 @@ func (e *Env) forkOne(ctx context.Context, src string) (Sample, string, error) {
 	s.Phases = e.forkPhases(c, s.Steps)
 	s.AgentMS = c.RunningMS + s.Phases.AgentMS
 	ram := e.mgr.Store.TemplatePaths(res.Template).RAM
+	s.TemplateRAMBytes = allocatedBytes(ram)
 	mem, err := e.mgr.Store.LoadMachine(src)
 	if err != nil {
 		return s, c.Name, err
@@ -300,13 +479,7 @@ func (e *Env) forkOne(ctx context.Context, src string) (Sample, string, error) {
 // overlay and the records, which the floor does not have. Zero phases when
 // an event is missing (vmfork's logging changed).
 func (e *Env) forkPhases(c vmfork.ChildResult, steps []Step) Phases {
-	// After running: the agent step, then the rest of the chain.
-	p := Phases{AgentMS: c.ReadyMS - c.RunningMS}
-	for _, st := range steps {
-		if st.Name == agentStep {
-			p.AgentMS, p.IdentityMS = st.DurationMS, c.ReadyMS-c.RunningMS-st.DurationMS
-		}
-	}
+	p := identityPhases(c, steps)
 	t0, ok1 := e.events.first(frozenMessage, "", "")
 	// Not qmp_capabilities: QEMU greets before it has finished starting,
 	// and answers that first command only then.
@@ -314,6 +487,18 @@ func (e *Env) forkPhases(c vmfork.ChildResult, steps []Step) Phases {
 	loaded, ok3 := e.events.first(qmpMessage, c.Name, "set_link")
 	if ok1 && ok2 && ok3 {
 		p.QEMUStartMS, p.LoadMS, p.ContMS = ms(qmpUp.Sub(t0)), ms(loaded.Sub(qmpUp)), c.RunningMS-ms(loaded.Sub(t0))
+	}
+	return p
+}
+
+// identityPhases splits a fork child's time after running: the agent
+// step, then the rest of the identity chain.
+func identityPhases(c vmfork.ChildResult, steps []Step) Phases {
+	p := Phases{AgentMS: c.ReadyMS - c.RunningMS}
+	for _, st := range steps {
+		if st.Name == agentStep {
+			p.AgentMS, p.IdentityMS = st.DurationMS, c.ReadyMS-c.RunningMS-st.DurationMS
+		}
 	}
 	return p
 }
@@ -334,7 +519,7 @@ func (e *Env) coldBoot(ctx context.Context, name string, mem int) (s Sample, err
 func summarize(samples []Sample, methods []Method) []Summary {
 	var out []Summary
 	for _, m := range methods {
-		var run, ready, agent, pss, pause, wall, idle []float64
+		var run, ready, agent, pss, pause, wall, idle, save, tpl []float64
 		var mem [4][]float64
 		var ph [8][]float64
 		var steps []Step
@@ -354,6 +539,7 @@ func summarize(samples []Sample, methods []Method) []Summary {
 			}
 			pss, pause, wall = appendSet(pss, float64(s.PSSBytes)), appendSet(pause, s.PauseMS), appendSet(wall, s.WallMS)
 			idle = appendSet(idle, float64(s.PoolIdlePSSBytes))
+			save, tpl = appendSet(save, float64(s.SaveFileBytes)), appendSet(tpl, float64(s.TemplateRAMBytes))
 			for i, v := range []int64{s.Memory.GuestRAMBytes, s.Memory.TCGBytes, s.Memory.AnonBytes, s.Memory.FileBytes} {
 				mem[i] = append(mem[i], float64(v))
 			}
@@ -371,6 +557,7 @@ func summarize(samples []Sample, methods []Method) []Summary {
 			Method: m, Label: m.Label(), Samples: n,
 			RunningMS: Median(run), ReadyMS: Median(ready), AgentMS: Median(agent), PSSBytes: int64(Median(pss)),
 			PauseMS: Median(pause), WallMS: Median(wall), Steps: steps, PoolIdle: int64(Median(idle)),
+			SaveFileBytes: int64(Median(save)), TemplateRAMBytes: int64(Median(tpl)),
 			Memory: Memory{GuestRAMBytes: int64(Median(mem[0])), TCGBytes: int64(Median(mem[1])),
 				AnonBytes: int64(Median(mem[2])), FileBytes: int64(Median(mem[3]))},
 			Phases: Phases{
@@ -423,6 +610,16 @@ func atMost(name string, v, target float64) Ratio {
 	return r
 }
 
+// atMostMS is a difference of times with a limit in ms.
+func atMostMS(name string, v, limit float64) Ratio {
+	met := v <= limit
+	r := Ratio{Name: name, Value: v, Target: fmt.Sprintf("<= %+g ms", limit), Met: &met, Unit: "ms"}
+	if !met {
+		r.By = v - limit
+	}
+	return r
+}
+
 func info(name string, v float64) Ratio { return Ratio{Name: name, Value: v} }
 
 // peerRatios are the issue's targets (vmfork against each reference) and
@@ -447,6 +644,17 @@ func peerRatios(ss []Summary) []Ratio {
 	add(info("whole clone: libvirt / vmfork", Factor(lv.WallMS, vf.WallMS)))
 	add(info("child ready: cold boot / vmfork", Factor(cb.ReadyMS, vf.ReadyMS)))
 	add(info("child PSS: cold boot / vmfork", Factor(float64(cb.PSSBytes), float64(vf.PSSBytes))))
+	// The libvirt driver against libvirt's own ways, same guest, RAM and use.
+	lvd, lvc := find(ss, MethodLibvirtDriver), find(ss, MethodLibvirtCreate)
+	add(atLeast("child ready: libvirt restore / libvirt driver", Factor(lv.ReadyMS, lvd.ReadyMS), 10))
+	add(atLeast("agent answers: libvirt restore / libvirt driver", Factor(lv.AgentMS, lvd.AgentMS), 10))
+	add(atLeast("child PSS: libvirt restore / libvirt driver", Factor(float64(lv.PSSBytes), float64(lvd.PSSBytes)), 10))
+	if lvd.RunningMS > 0 && lvc.RunningMS > 0 {
+		add(atMostMS("child running: libvirt driver - virsh create --paused", lvd.RunningMS-lvc.RunningMS, 100))
+	}
+	add(info("child running: libvirt driver / virsh create --paused", Factor(lvd.RunningMS, lvc.RunningMS)))
+	add(info("source pause: libvirt save+restore / libvirt driver", Factor(lv.PauseMS, lvd.PauseMS)))
+	add(info("child PSS: libvirt driver / vmfork", Factor(float64(lvd.PSSBytes), float64(vf.PSSBytes))))
 	return out
 }
 

@@ -32,13 +32,17 @@ func (r *PeersResult) Figure() Figure {
 	for _, sz := range r.Sizes {
 		var times, mem []Bar
 		for _, s := range sz.Summary {
+			// max: a paused start (virsh create --paused) has no agent time.
 			segs := []Segment{{Name: "until running", Value: s.RunningMS, Color: colRunning},
-				{Name: "until the agent answers", Value: s.AgentMS - s.RunningMS, Color: colAgent},
-				{Name: "identity chain", Value: s.ReadyMS - s.AgentMS, Color: colIdentity}}
+				{Name: "until the agent answers", Value: max(s.AgentMS-s.RunningMS, 0), Color: colAgent},
+				{Name: "identity chain", Value: max(s.ReadyMS-s.AgentMS, 0), Color: colIdentity}}
 			if s.RunningMS == 0 {
 				segs = []Segment{{Name: "boot until the agent answers", Value: s.ReadyMS, Color: colBoot}}
 			}
-			times = append(times, Bar{Label: s.Label, Segments: segs, Text: fmtMS(s.ReadyMS)})
+			times = append(times, Bar{Label: s.Label, Segments: segs, Text: fmtMS(max(s.ReadyMS, s.RunningMS))})
+			if s.PSSBytes == 0 {
+				continue // not a running child: nothing to weigh
+			}
 			m := s.Memory
 			mem = append(mem, Bar{Label: s.Label, Text: fmtBytes(s.PSSBytes), Segments: []Segment{
 				{Name: "guest RAM", Value: mib(m.GuestRAMBytes), Color: colGuestRAM},
@@ -47,12 +51,16 @@ func (r *PeersResult) Figure() Figure {
 				{Name: "files", Value: mib(m.FileBytes), Color: colFiles},
 			}})
 		}
+		guest := memLabel(sz.MemoryMiB) + " guest"
+		if sz.GuestUseMiB > 0 {
+			guest += fmt.Sprintf(" using %d MiB", sz.GuestUseMiB)
+		}
 		f.Panels = append(f.Panels,
-			BarPanel{Title: fmt.Sprintf("%s guest: child time to ready", memLabel(sz.MemoryMiB)), Unit: "ms", Bars: times, Clip: true},
-			BarPanel{Title: fmt.Sprintf("%s guest: memory per child (PSS)", memLabel(sz.MemoryMiB)), Unit: "MiB", Bars: mem})
+			BarPanel{Title: guest + ": child time to ready", Unit: "ms", Bars: times, Clip: true},
+			BarPanel{Title: guest + ": memory per child (PSS)", Unit: "MiB", Bars: mem})
 		for _, ra := range sz.Ratios {
 			if ra.Met != nil {
-				f.Notes = append(f.Notes, fmt.Sprintf("%s: %s %s %s", memLabel(sz.MemoryMiB), ra.Name, fmtFactor(ra.Value), verdict(ra)))
+				f.Notes = append(f.Notes, fmt.Sprintf("%s: %s %s %s", memLabel(sz.MemoryMiB), ra.Name, fmtRatio(ra), verdict(ra)))
 			}
 		}
 	}

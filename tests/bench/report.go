@@ -54,6 +54,8 @@ func writeRatios(w io.Writer, rs []Ratio) {
 			if !*r.Met {
 				result = "MISSED"
 				switch {
+				case r.Unit == "ms":
+					result += fmt.Sprintf(" (off by %.0f ms)", r.By)
 				case r.By >= 1.1:
 					result += fmt.Sprintf(" (off by %.2fx)", r.By)
 				case r.By > 0:
@@ -61,9 +63,17 @@ func writeRatios(w io.Writer, rs []Ratio) {
 				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, fmtFactor(r.Value), orDash(r.Target), result)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, fmtRatio(r), orDash(r.Target), result)
 	}
 	tw.Flush()
+}
+
+// fmtRatio prints a ratio's value, or a difference with its unit.
+func fmtRatio(r Ratio) string {
+	if r.Unit == "ms" {
+		return fmt.Sprintf("%+.0f ms", r.Value)
+	}
+	return fmtFactor(r.Value)
 }
 
 func orDash(s string) string {
@@ -77,8 +87,12 @@ func orDash(s string) string {
 func (r *PeersResult) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "host: %s\n", r.Host)
 	for _, sz := range r.Sizes {
-		fmt.Fprintf(w, "\npeers at %d MiB: %d rounds, medians; memory (PSS) read %s after each child answered\n",
-			sz.MemoryMiB, r.Rounds, fmtMS(r.SettleMS))
+		use := "guest use as booted"
+		if sz.GuestUseMiB > 0 {
+			use = fmt.Sprintf("guest use %d MiB (--guest-use %s) of non-zero data in each source", sz.GuestUseMiB, r.GuestUse)
+		}
+		fmt.Fprintf(w, "\npeers at %d MiB, %s: %d rounds, medians; memory (PSS) read %s after each child answered\n",
+			sz.MemoryMiB, use, r.Rounds, fmtMS(r.SettleMS))
 		tw := newTab(w)
 		fmt.Fprintln(tw, "METHOD\tRUNNING\tAGENT ANSWERS\tREADY\tPSS\tSOURCE PAUSE\tWHOLE CLONE")
 		for _, s := range sz.Summary {
@@ -90,7 +104,16 @@ func (r *PeersResult) WriteTable(w io.Writer) error {
 		if sz.LibvirtBootMS > 0 {
 			fmt.Fprintf(w, "; libvirt domain: booted (virsh create to agent) in %s", fmtMS(sz.LibvirtBootMS))
 		}
+		if sz.LibvirtDriverBootMS > 0 {
+			fmt.Fprintf(w, "; libvirt driver's source: booted in %s", fmtMS(sz.LibvirtDriverBootMS))
+		}
 		fmt.Fprintln(w)
+		writeCopies(w, sz)
+		writeFills(w, sz, r.Host.KSM)
+		if find(sz.Summary, MethodLibvirtCreate).Samples > 0 {
+			fmt.Fprintln(w, "virsh create --paused: libvirt starts a paused QEMU from the libvirt driver child's XML (another name, own overlay),")
+			fmt.Fprintln(w, "  no state loaded: libvirt's own price of a start, under RUNNING; it includes one virsh process")
+		}
 		fmt.Fprintln(w)
 		writeMemory(w, sz.Summary)
 		fmt.Fprintln(w)
@@ -101,11 +124,48 @@ func (r *PeersResult) WriteTable(w io.Writer) error {
 	return nil
 }
 
+// writeCopies prints what each clone copied of the source's RAM: the
+// freeze's template, virsh save's file. Both follow what the guest uses.
+func writeCopies(w io.Writer, sz PeersSize) {
+	var parts []string
+	for _, s := range sz.Summary {
+		if s.TemplateRAMBytes > 0 {
+			parts = append(parts, fmt.Sprintf("%s froze %s of RAM", s.Label, fmtBytes(s.TemplateRAMBytes)))
+		}
+		if s.SaveFileBytes > 0 {
+			parts = append(parts, fmt.Sprintf("virsh save wrote %s", fmtBytes(s.SaveFileBytes)))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "copied per clone (medians): %s\n", strings.Join(parts, "; "))
+	}
+}
+
+// writeFills prints how each source got its guest use, from the guest's
+// own /proc/meminfo.
+func writeFills(w io.Writer, sz PeersSize, ksm bool) {
+	if sz.GuestUseMiB == 0 {
+		return
+	}
+	for _, f := range sz.Fills {
+		fmt.Fprintf(w, "guest use in %s (source of %s): %s written in %s; guest MemFree %s -> %s, MemAvailable %s -> %s of %s\n",
+			f.Guest, f.Source, fmtBytes(f.WrittenBytes), fmtMS(f.DurationMS), fmtBytes(f.Before.FreeBytes),
+			fmtBytes(f.After.FreeBytes), fmtBytes(f.Before.AvailableBytes), fmtBytes(f.After.AvailableBytes), fmtBytes(f.After.TotalBytes))
+	}
+	fmt.Fprintln(w, "cold boot: a freshly booted guest cannot carry the guest use; its row is the guest as it boots")
+	if ksm {
+		fmt.Fprintln(w, "WARNING: KSM runs on this host and may merge the fill's repeated MiB in every QEMU")
+	}
+}
+
 // writeMemory prints where each method's PSS goes.
 func writeMemory(w io.Writer, ss []Summary) {
 	tw := newTab(w)
 	fmt.Fprintln(tw, "MEMORY PER CHILD (medians)\tGUEST RAM\tTCG CODE\tQEMU ANON\tFILES\tPSS")
 	for _, s := range ss {
+		if s.PSSBytes == 0 {
+			continue // not a running child (virsh create --paused)
+		}
 		m := s.Memory
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Label, fmtBytes(m.GuestRAMBytes), fmtBytes(m.TCGBytes),
 			fmtBytes(m.AnonBytes), fmtBytes(m.FileBytes), fmtBytes(s.PSSBytes))

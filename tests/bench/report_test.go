@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -15,7 +16,7 @@ var sampleHost = Host{CPUs: 2, CPUModel: "AMD EPYC", MemTotalBytes: 24 << 30, Ke
 	Libvirt: "libvirt 9.0.0", Accel: "tcg", LoadAverage: "0.50 0.40 0.30", Started: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)}
 
 func samplePeers() *PeersResult {
-	methods := []Method{MethodVmfork, MethodFloor, MethodWarm, MethodRestore, MethodCold}
+	methods := allMethods
 	samples := []Sample{
 		{Method: MethodVmfork, Round: 1, RunningMS: 93, AgentMS: 200, ReadyMS: 812, PSSBytes: 70 << 20, PauseMS: 68, WallMS: 900,
 			Memory: Memory{GuestRAMBytes: 30 << 20, TCGBytes: 20 << 20, AnonBytes: 15 << 20, FileBytes: 5 << 20},
@@ -27,12 +28,20 @@ func samplePeers() *PeersResult {
 		{Method: MethodRestore, Round: 1, RunningMS: 2100, AgentMS: 2200, ReadyMS: 2200, PSSBytes: 700 << 20, PauseMS: 4000, WallMS: 4200,
 			Phases: Phases{SaveMS: 1900, CopyMS: 100, RestoreMS: 2100, AgentMS: 100}},
 		{Method: MethodCold, Round: 1, AgentMS: 6000, ReadyMS: 6000, PSSBytes: 400 << 20},
+		{Method: MethodLibvirtDriver, Round: 1, RunningMS: 450, AgentMS: 600, ReadyMS: 1250, PSSBytes: 85 << 20, PauseMS: 1100, WallMS: 2500,
+			TemplateRAMBytes: 1600 << 20, Phases: Phases{AgentMS: 150, IdentityMS: 650}},
+		{Method: MethodLibvirtCreate, Round: 1, RunningMS: 420},
 	}
+	samples[0].TemplateRAMBytes = 1580 << 20
+	samples[3].SaveFileBytes = 1620 << 20
 	ss := summarize(samples, methods)
 	return &PeersResult{Host: sampleHost, Rounds: 1, SettleMS: 2000, Sizes: []PeersSize{{
-		MemoryMiB: 2048, SourceBootMS: 6000, LibvirtBootMS: 7000, SourceRSSBytes: 300 << 20,
+		MemoryMiB: 2048, SourceBootMS: 6000, LibvirtBootMS: 7000, LibvirtDriverBootMS: 7500, SourceRSSBytes: 300 << 20,
+		GuestUseMiB: 1536, Fills: []Fill{{Source: "vmfork", Guest: "src2048", RequestedMiB: 1536, WrittenBytes: 1536 << 20, DurationMS: 9000,
+			Before: Meminfo{TotalBytes: 1990 << 20, FreeBytes: 1800 << 20, AvailableBytes: 1850 << 20},
+			After:  Meminfo{TotalBytes: 1990 << 20, FreeBytes: 260 << 20, AvailableBytes: 300 << 20, ShmemBytes: 1536 << 20}}},
 		Summary: ss, Ratios: peerRatios(ss), Samples: samples,
-	}}}
+	}}, GuestUse: GuestUse{Percent: 75}, Methods: methods}
 }
 
 func sampleBurst() *BurstResult {
@@ -103,5 +112,50 @@ func TestReadyQuantiles(t *testing.T) {
 	// Children that never came up are not hidden.
 	if got, want := readyQuantiles([]float64{100}, 4), "10% at 100 ms, 50%: never, 90%: never, 100%: never"; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestLibvirtDriverRatios checks the rows that compare vmfork's libvirt
+// driver with libvirt's own ways, and that they are left out when the
+// driver was not measured.
+func TestLibvirtDriverRatios(t *testing.T) {
+	ss := []Summary{
+		{Method: MethodVmfork, RunningMS: 60, AgentMS: 180, ReadyMS: 700, PSSBytes: 90 << 20},
+		{Method: MethodRestore, RunningMS: 2000, AgentMS: 2100, ReadyMS: 2100, PSSBytes: 1700 << 20, PauseMS: 9000},
+		{Method: MethodLibvirtDriver, RunningMS: 560, AgentMS: 700, ReadyMS: 1500, PSSBytes: 100 << 20, PauseMS: 900},
+		{Method: MethodLibvirtCreate, RunningMS: 420},
+	}
+	byName := map[string]Ratio{}
+	for _, r := range peerRatios(ss) {
+		byName[r.Name] = r
+	}
+	check := func(name string, value float64, met *bool, by float64) {
+		t.Helper()
+		r, ok := byName[name]
+		switch {
+		case !ok:
+			t.Errorf("no row %q", name)
+		case r.Value < value-0.01 || r.Value > value+0.01:
+			t.Errorf("%s = %v, want %v", name, r.Value, value)
+		case (met == nil) != (r.Met == nil) || (met != nil && *met != *r.Met):
+			t.Errorf("%s: met %v, want %v", name, r.Met, met)
+		case r.By < by-0.01 || r.By > by+0.01:
+			t.Errorf("%s: missed by %v, want %v", name, r.By, by)
+		}
+	}
+	yes, no := true, false
+	check("child PSS: libvirt restore / libvirt driver", 17, &yes, 0)
+	check("child ready: libvirt restore / libvirt driver", 1.4, &no, 10/1.4)
+	check("agent answers: libvirt restore / libvirt driver", 3, &no, 10.0/3)
+	check("child running: libvirt driver - virsh create --paused", 140, &no, 40)
+	check("child running: libvirt driver / virsh create --paused", 560.0/420, nil, 0)
+	check("source pause: libvirt save+restore / libvirt driver", 10, nil, 0)
+	if r := byName["child running: libvirt driver - virsh create --paused"]; r.Unit != "ms" || r.Target != "<= +100 ms" || fmtRatio(r) != "+140 ms" {
+		t.Errorf("difference row: unit %q, target %q, printed %q", r.Unit, r.Target, fmtRatio(r))
+	}
+	for _, r := range peerRatios(ss[:2]) {
+		if strings.Contains(r.Name, "libvirt driver") {
+			t.Errorf("row %q without the libvirt driver measured", r.Name)
+		}
 	}
 }
