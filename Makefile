@@ -41,7 +41,7 @@ bench: deps build guest
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
 
 # Side by side (docs/BENCHMARKS.md): vmfork against the bare-QEMU floor, a
-# warm-pool prototype, libvirt save+restore, a cold boot, and vmfork's libvirt
+# kept template with a warm pool, libvirt save+restore, a cold boot, and vmfork's libvirt
 # driver against virsh create --paused; a 100-child burst; how the cost grows
 # with guest RAM and children. Tables on stdout, plots into docs/. Each takes
 # minutes and loads every core. PEERS_FLAGS adds flags, e.g.

@@ -27,7 +27,7 @@ host, what vmfork costs next to what you would do without it. Every figure comes
 with its reference from the same run; compare ratios, not absolutes.
 
    vmfork bench peers     one child made each way: vmfork fork, the bare-QEMU
-                          floor, a warm-pool prototype, libvirt save+restore,
+                          floor, a kept template's warm pool, libvirt save+restore,
                           a cold boot, vmfork's libvirt driver next to virsh
                           create --paused; time to running and ready, memory
    vmfork bench burst     N children from one source in one fork call
@@ -62,9 +62,9 @@ an order that rotates between rounds:
    floor                 a bare qemu-system-x86_64 -incoming defer of the same
                          configuration loading the same template, timed from
                          spawn; nothing of vmfork around it
-   warm pool             the floor's QEMU started before the clock, as a pool of
-                         -incoming defer processes for a kept template would
-                         have it (a prototype in the harness, not in vmfork)
+   kept template         the source's instant kept once (template save, its
+                         pause reported apart) with a warm pool of one; each
+                         child is a fork of the template, from the pool
    libvirt save+restore  virsh save (the domain stops), virsh restore of a copy
                          of the save file, until guest-ping answers through
                          libvirt. A restored copy cannot run next to its
@@ -102,7 +102,7 @@ checked at the end of each table.
 		&cli.StringFlag{Name: "libvirt", Usage: "libvirt URI of the save/restore comparator", Value: "qemu:///system"},
 		&cli.BoolFlag{Name: "no-libvirt", Usage: "leave the libvirt comparators (restore, libvirt driver) out"},
 		&cli.StringFlag{Name: "guest-use", Usage: "RAM each source guest holds in use (non-zero data) before the rounds: a share of its RAM such as 75% or a size such as 1536M; 0 leaves the guests as they boot", Value: "0"},
-		&cli.StringFlag{Name: "methods", Usage: "methods to measure, comma-separated, of vmfork,floor,warm_pool,libvirt_restore,cold_boot,libvirt_driver", Value: "all"},
+		&cli.StringFlag{Name: "methods", Usage: "methods to measure, comma-separated, of vmfork,floor,kept_template,libvirt_restore,cold_boot,libvirt_driver", Value: "all"},
 	}, benchCommonFlags...),
 	Action: func(cliCtx *cli.Context) error {
 		mems, err := parseMemories(cliCtx.String("memory"))

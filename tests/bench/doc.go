@@ -7,9 +7,9 @@
 //     time to running and to ready are ForkResult's.
 //   - the floor: a bare qemu-system-x86_64 -incoming defer with the same
 //     argv, loading the same template (nothing of vmfork around it).
-//   - a warm pool prototype: the floor's QEMU started before the clock, as
-//     a pool of -incoming defer processes for a kept template would have
-//     it. It exists here only, to size what such a pool would buy.
+//   - a kept template: the source's instant kept once (vmfork template
+//     save) with a warm pool of one prestarted QEMU; each round forks one
+//     child from it (Manager.Fork), which takes the pool's process (kept.go).
 //   - libvirt save/restore: a plain transient libvirt domain of the same
 //     guest, `virsh save`, then `virsh restore` of a copy of the save file.
 //   - cold boot: the same guest booted from scratch.

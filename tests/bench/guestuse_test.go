@@ -85,7 +85,7 @@ func TestParseMethods(t *testing.T) {
 			t.Errorf("ParseMethods(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{"floor", "warm_pool,cold_boot", "libvirt_create_paused", "vmfork,qemu", "vmfork,"} {
+	for _, bad := range []string{"floor", "floor,cold_boot", "libvirt_create_paused", "vmfork,qemu", "vmfork,"} {
 		if _, err := ParseMethods(bad); !errors.Is(err, vmfork.ErrInvalid) {
 			t.Errorf("ParseMethods(%q): err %v, want ErrInvalid", bad, err)
 		}
@@ -99,7 +99,7 @@ func TestPeerMethods(t *testing.T) {
 	}
 	// Without libvirt the default quietly leaves libvirt's methods out...
 	got, err = peerMethods(nil, false)
-	if want := []Method{MethodVmfork, MethodFloor, MethodWarm, MethodCold}; err != nil || !slices.Equal(got, want) {
+	if want := []Method{MethodVmfork, MethodFloor, MethodKept, MethodCold}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("default without libvirt = %v, %v; want %v", got, err, want)
 	}
 	// ...but asking for one without libvirt is a mistake.

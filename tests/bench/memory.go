@@ -30,7 +30,7 @@ func (m Memory) Total() int64 { return m.GuestRAMBytes + m.TCGBytes + m.AnonByte
 // readMemory reads a QEMU's memory by kind. Anonymous executable memory is
 // TCG's code; any other mapping at least guestRAM long is the guest's RAM. If template is not empty, the mapping of that file (a
 // template's frozen RAM) counts with its Rss rather than its PSS: as if the
-// process were the only one mapping it. In peers the floor and the warm pool
+// process were the only one mapping it. In peers the floor and the kept template
 // load the template of a vmfork child that is still alive, and plain PSS
 // would halve the template pages both touched and flatter them; vmfork's own
 // child is read the same way, so all are compared as a child alone with its

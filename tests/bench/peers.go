@@ -19,11 +19,11 @@ type Method string
 
 // The comparators of `vmfork bench peers`, in the order of a round's
 // rotation. vmfork comes first so that the first round makes the template
-// the floor and the warm pool load.
+// the floor loads.
 const (
 	MethodVmfork  Method = "vmfork"
 	MethodFloor   Method = "floor"
-	MethodWarm    Method = "warm_pool"
+	MethodKept    Method = "kept_template"
 	MethodRestore Method = "libvirt_restore"
 	MethodCold    Method = "cold_boot"
 	// MethodLibvirtDriver forks a source booted through vmfork's libvirt
@@ -34,10 +34,10 @@ const (
 )
 
 // allMethods is every method in the order of a round's rotation. Each
-// method that uses another's child (the floor and the warm pool load a
-// vmfork child's template, create --paused a libvirt driver child's XML)
+// method that uses another's child (the floor loads a vmfork child's
+// template, create --paused a libvirt driver child's XML)
 // comes after it, so the first round has that child.
-var allMethods = []Method{MethodVmfork, MethodFloor, MethodWarm, MethodRestore, MethodCold, MethodLibvirtDriver, MethodLibvirtCreate}
+var allMethods = []Method{MethodVmfork, MethodFloor, MethodKept, MethodRestore, MethodCold, MethodLibvirtDriver, MethodLibvirtCreate}
 
 // ParseMethods reads --methods: method names separated by commas, "all", or
 // "" (all). libvirt_driver brings libvirt_create_paused with it. The
@@ -61,7 +61,7 @@ func ParseMethods(s string) ([]Method, error) {
 		want[m] = true
 	}
 	want[MethodLibvirtCreate] = want[MethodLibvirtDriver]
-	for _, m := range []Method{MethodFloor, MethodWarm} {
+	for _, m := range []Method{MethodFloor} {
 		if want[m] && !want[MethodVmfork] {
 			return nil, fmt.Errorf("method %s loads the template of a vmfork child: add vmfork: %w", m, vmfork.ErrInvalid)
 		}
@@ -110,8 +110,8 @@ func (m Method) Label() string {
 		return "vmfork fork (live source)"
 	case MethodFloor:
 		return "floor: bare QEMU -incoming"
-	case MethodWarm:
-		return "warm pool (prototype)"
+	case MethodKept:
+		return "vmfork fork, kept template + pool"
 	case MethodRestore:
 		return "libvirt save + restore"
 	case MethodCold:
@@ -177,7 +177,8 @@ type Sample struct {
 	AgentMS  float64 `json:"agent_ms"`
 	PSSBytes int64   `json:"pss_bytes"`
 	Memory   Memory  `json:"memory"`
-	// PoolIdlePSSBytes is what a warm-pool QEMU holds while it waits.
+	// PoolIdlePSSBytes is what a warm-pool QEMU of a kept template holds
+	// while it waits.
 	PoolIdlePSSBytes int64 `json:"pool_idle_pss_bytes,omitempty"`
 	// PauseMS is how long the source did not run: vmfork's freeze, or
 	// libvirt's save plus the restore that brings the source back.
@@ -228,8 +229,11 @@ type Ratio struct {
 
 // PeersSize is the comparison at one guest RAM size.
 type PeersSize struct {
-	MemoryMiB     int     `json:"memory_mib"`
-	SourceBootMS  float64 `json:"source_boot_ms"`
+	MemoryMiB    int     `json:"memory_mib"`
+	SourceBootMS float64 `json:"source_boot_ms"`
+	// KeptPauseMS is the source's pause when its instant was kept for the
+	// kept-template method: paid once, not per child.
+	KeptPauseMS   float64 `json:"kept_pause_ms,omitempty"`
 	LibvirtBootMS float64 `json:"libvirt_boot_ms,omitempty"`
 	// LibvirtDriverBootMS is the boot of the libvirt driver's source.
 	LibvirtDriverBootMS float64 `json:"libvirt_driver_boot_ms,omitempty"`
@@ -327,6 +331,14 @@ func (e *Env) peersAt(ctx context.Context, mem int, opt PeersOptions, methods []
 	if err := e.fill(ctx, sz, managerRunner(e.mgr, src), MethodVmfork, src); err != nil {
 		return sz, err
 	}
+	if slices.Contains(methods, MethodKept) {
+		if err := e.keepSource(ctx, sz, src); err != nil {
+			return sz, err
+		}
+		// Runs before the removals deferred above; each kept child is
+		// removed in its round, so the template goes at once.
+		defer func() { err = errors.Join(err, e.unkeep(context.WithoutCancel(ctx), mem)) }()
+	}
 	e.step("peers %s: source booted", memLabel(mem))
 	var dom *libvirtDomain
 	if slices.Contains(methods, MethodRestore) {
@@ -373,8 +385,8 @@ func (e *Env) peersAt(ctx context.Context, mem int, opt PeersOptions, methods []
 				children, err = keepLast(ctx, children, child, err, e.remove)
 			case MethodFloor:
 				s, err = e.floor(ctx, last)
-			case MethodWarm:
-				s, err = e.warm(ctx, last)
+			case MethodKept:
+				s, err = e.forkKept(ctx, keptName(mem))
 			case MethodRestore:
 				s, err = e.saveRestore(ctx, dom)
 			case MethodCold:
@@ -418,7 +430,7 @@ func lastOf(names []string) string {
 
 // keepLast records a new fork child and removes the one before it: one
 // child at a time, but the previous one goes only now, since the methods
-// run since (the floor, the warm pool, create --paused) may have used it.
+// run since (the floor, create --paused) may have used it.
 func keepLast(ctx context.Context, children []string, child string, err error, remove func(context.Context, ...string) error) ([]string, error) {
 	if child != "" {
 		children = append(children, child)
@@ -463,7 +475,8 @@ func (e *Env) forkOne(ctx context.Context, src string) (Sample, string, error) {
 	s.AgentMS = c.RunningMS + s.Phases.AgentMS
 	ram := e.mgr.Store.TemplatePaths(res.Template).RAM
 	s.TemplateRAMBytes = allocatedBytes(ram)
-	mem, err := e.mgr.Store.LoadMachine(src)
+	// The child's record, not the source's: src may name a kept template.
+	mem, err := e.mgr.Store.LoadMachine(c.Name)
 	if err != nil {
 		return s, c.Name, err
 	}
@@ -625,7 +638,7 @@ func info(name string, v float64) Ratio { return Ratio{Name: name, Value: v} }
 // peerRatios are the issue's targets (vmfork against each reference) and
 // the informative ratios next to them.
 func peerRatios(ss []Summary) []Ratio {
-	vf, fl, wp := find(ss, MethodVmfork), find(ss, MethodFloor), find(ss, MethodWarm)
+	vf, fl, kt := find(ss, MethodVmfork), find(ss, MethodFloor), find(ss, MethodKept)
 	lv, cb := find(ss, MethodRestore), find(ss, MethodCold)
 	var out []Ratio
 	add := func(r Ratio) {
@@ -638,8 +651,11 @@ func peerRatios(ss []Summary) []Ratio {
 	add(atLeast("child PSS: libvirt restore / vmfork", Factor(float64(lv.PSSBytes), float64(vf.PSSBytes)), 10))
 	add(atMost("child running: vmfork / floor", Factor(vf.RunningMS, fl.RunningMS), 1.25))
 	add(info("agent answers: vmfork / floor", Factor(vf.AgentMS, fl.AgentMS)))
-	add(atLeast("child ready: libvirt restore / warm pool", Factor(lv.ReadyMS, wp.ReadyMS), 10))
-	add(atLeast("child PSS: libvirt restore / warm pool", Factor(float64(lv.PSSBytes), float64(wp.PSSBytes)), 10))
+	// A kept template with a warm pool: the issue's "kept-template case".
+	add(atLeast("child ready: libvirt restore / kept template", Factor(lv.ReadyMS, kt.ReadyMS), 10))
+	add(atLeast("agent answers: libvirt restore / kept template", Factor(lv.AgentMS, kt.AgentMS), 10))
+	add(atLeast("child PSS: libvirt restore / kept template", Factor(float64(lv.PSSBytes), float64(kt.PSSBytes)), 10))
+	add(info("child running: kept template / floor", Factor(kt.RunningMS, fl.RunningMS)))
 	add(info("source pause: libvirt save+restore / vmfork", Factor(lv.PauseMS, vf.PauseMS)))
 	add(info("whole clone: libvirt / vmfork", Factor(lv.WallMS, vf.WallMS)))
 	add(info("child ready: cold boot / vmfork", Factor(cb.ReadyMS, vf.ReadyMS)))

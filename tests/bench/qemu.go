@@ -19,8 +19,7 @@ import (
 // bareQEMU is a QEMU the harness starts itself from a fork child's template
 // with -incoming defer: the same argv vmfork would use, and nothing of
 // vmfork around it (no records, no locks, no identity chain). It is the
-// floor a fork child is compared to, and, started ahead of time, a
-// prototype of a warm pool.
+// floor a fork child is compared to.
 type bareQEMU struct {
 	pid    int
 	dir    string
@@ -206,44 +205,6 @@ func (e *Env) floor(ctx context.Context, child string) (s Sample, err error) {
 	s.ReadyMS = ms(time.Since(start))
 	s.AgentMS = s.ReadyMS
 	s.Phases = Phases{QEMUStartMS: ms(qmpUp), LoadMS: ms(loaded), ContMS: ms(contD), AgentMS: ms(time.Since(t))}
-	return e.finishSample(ctx, s, q.memory)
-}
-
-// warm measures the prototype of a warm pool for a kept template: the QEMU
-// was started (and x-ignore-shared set) before the request came, so the
-// clock covers only load, cont and the agent's answer. A real pool would
-// also have the child's disk overlay made ahead, as here.
-func (e *Env) warm(ctx context.Context, child string) (s Sample, err error) {
-	q, err := e.spawnFromTemplate(ctx, child, "warm")
-	if err != nil {
-		return s, fmt.Errorf("warm pool: %w", err)
-	}
-	defer q.kill(e)
-	if err := q.setCaps(ctx); err != nil {
-		return s, fmt.Errorf("warm pool: %w", err)
-	}
-	// What a pool member holds while it waits for a request.
-	if idle, err := q.memory(); err == nil {
-		s.PoolIdlePSSBytes = idle.Total()
-	}
-	start := time.Now()
-	if err := q.load(ctx); err != nil {
-		return s, fmt.Errorf("warm pool: load device state: %w", err)
-	}
-	loaded := time.Since(start)
-	t := time.Now()
-	if err := q.mon.Cont(ctx); err != nil {
-		return s, fmt.Errorf("warm pool: cont: %w", err)
-	}
-	contD := time.Since(t)
-	s.RunningMS = ms(time.Since(start))
-	t = time.Now()
-	if err := q.waitAgent(ctx); err != nil {
-		return s, fmt.Errorf("warm pool: %w", err)
-	}
-	s.ReadyMS = ms(time.Since(start))
-	s.AgentMS = s.ReadyMS
-	s.Phases = Phases{LoadMS: ms(loaded), ContMS: ms(contD), AgentMS: ms(time.Since(t))}
 	return e.finishSample(ctx, s, q.memory)
 }
 

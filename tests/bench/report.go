@@ -110,6 +110,9 @@ func (r *PeersResult) WriteTable(w io.Writer) error {
 		fmt.Fprintln(w)
 		writeCopies(w, sz)
 		writeFills(w, sz, r.Host.KSM)
+		if sz.KeptPauseMS > 0 {
+			fmt.Fprintf(w, "kept template: the source paused %s once, when its instant was kept; its children pause nothing\n", fmtMS(sz.KeptPauseMS))
+		}
 		if find(sz.Summary, MethodLibvirtCreate).Samples > 0 {
 			fmt.Fprintln(w, "virsh create --paused: libvirt starts a paused QEMU from the libvirt driver child's XML (another name, own overlay),")
 			fmt.Fprintln(w, "  no state loaded: libvirt's own price of a start, under RUNNING; it includes one virsh process")
@@ -171,8 +174,8 @@ func writeMemory(w io.Writer, ss []Summary) {
 			fmtBytes(m.AnonBytes), fmtBytes(m.FileBytes), fmtBytes(s.PSSBytes))
 	}
 	tw.Flush()
-	if wp := find(ss, MethodWarm); wp.PoolIdle > 0 {
-		fmt.Fprintf(w, "a warm-pool QEMU holds %s (PSS) while it waits for a request\n", fmtBytes(wp.PoolIdle))
+	if kt := find(ss, MethodKept); kt.PoolIdle > 0 {
+		fmt.Fprintf(w, "a kept template's warm-pool QEMU holds %s (PSS) while it waits for a fork\n", fmtBytes(kt.PoolIdle))
 	}
 }
 

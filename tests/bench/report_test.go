@@ -24,7 +24,7 @@ func samplePeers() *PeersResult {
 			Steps:  []Step{{Name: "vmfork.agent", Status: "ok", DurationMS: 107}, {Name: "vmfork.clock", Status: "ok", DurationMS: 112}, {Name: "vmfork.network", Status: "ok", DurationMS: 500}}},
 		{Method: MethodFloor, Round: 1, RunningMS: 80, AgentMS: 180, ReadyMS: 180, PSSBytes: 60 << 20,
 			Phases: Phases{QEMUStartMS: 50, LoadMS: 20, ContMS: 10, AgentMS: 100}},
-		{Method: MethodWarm, Round: 1, RunningMS: 12, AgentMS: 112, ReadyMS: 112, PSSBytes: 60 << 20, PoolIdlePSSBytes: 25 << 20, Phases: Phases{LoadMS: 10, ContMS: 2, AgentMS: 100}},
+		{Method: MethodKept, Round: 1, RunningMS: 12, AgentMS: 112, ReadyMS: 112, PSSBytes: 60 << 20, PoolIdlePSSBytes: 25 << 20, Phases: Phases{LoadMS: 10, ContMS: 2, AgentMS: 100}},
 		{Method: MethodRestore, Round: 1, RunningMS: 2100, AgentMS: 2200, ReadyMS: 2200, PSSBytes: 700 << 20, PauseMS: 4000, WallMS: 4200,
 			Phases: Phases{SaveMS: 1900, CopyMS: 100, RestoreMS: 2100, AgentMS: 100}},
 		{Method: MethodCold, Round: 1, AgentMS: 6000, ReadyMS: 6000, PSSBytes: 400 << 20},

@@ -88,9 +88,9 @@ func TestPeerRatios(t *testing.T) {
 			Steps: []Step{{Name: "vmfork.agent", DurationMS: 100}, {Name: "vmfork.clock", DurationMS: 50}}},
 		{Method: MethodFloor, RunningMS: 80, AgentMS: 180, ReadyMS: 180, PSSBytes: 50 << 20},
 		{Method: MethodRestore, RunningMS: 2000, AgentMS: 2100, ReadyMS: 2100, PSSBytes: 650 << 20, PauseMS: 4000},
-	}, []Method{MethodVmfork, MethodFloor, MethodWarm, MethodRestore})
+	}, []Method{MethodVmfork, MethodFloor, MethodKept, MethodRestore})
 	if len(ss) != 3 {
-		t.Fatalf("got %d summaries, want 3 (no warm-pool samples)", len(ss))
+		t.Fatalf("got %d summaries, want 3 (no kept-template samples)", len(ss))
 	}
 	if vf := ss[0]; vf.RunningMS != 100 || vf.ReadyMS != 210 || vf.PSSBytes != 65<<20 || vf.Samples != 2 {
 		t.Errorf("vmfork summary = %+v, want medians 100/210 ms, 65 MiB of 2 samples", vf)
@@ -114,8 +114,8 @@ func TestPeerRatios(t *testing.T) {
 	if floor.Value != 1.25 || floor.Met == nil || !*floor.Met {
 		t.Errorf("floor ratio = %+v, want 1.25, met", floor)
 	}
-	if _, ok := got["child ready: libvirt restore / warm pool"]; ok {
-		t.Error("a ratio against the warm pool, which was not measured")
+	if _, ok := got["child ready: libvirt restore / kept template"]; ok {
+		t.Error("a ratio against the kept template, which was not measured")
 	}
 	miss := atLeast("x", 2.5, 10)
 	if miss.Met == nil || *miss.Met || miss.By != 4 {
