@@ -175,10 +175,15 @@ func (f *fakeAgent) guest() *fakeAgent {
 	f.scripts[macScript] = func(args []string) qmp.ExecStatus {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.ifaces[1].HardwareAddress = args[1]
-		if args[2] == "static" {
-			ip, n, _ := strings.Cut(args[3], "/")
-			f.ifaces[1].IPAddresses = []qmp.IPAddress{{Type: "ipv4", Address: ip, Prefix: atoi(n)}}
+		for i := range f.ifaces {
+			if f.ifaces[i].Name != args[0] {
+				continue
+			}
+			f.ifaces[i].HardwareAddress = args[1]
+			if args[2] == "static" {
+				ip, n, _ := strings.Cut(args[3], "/")
+				f.ifaces[i].IPAddresses = []qmp.IPAddress{{Type: "ipv4", Address: ip, Prefix: atoi(n)}}
+			}
 		}
 		return ok("")
 	}

@@ -55,15 +55,12 @@ func ClockStep() Step {
 
 func stepClock(ctx context.Context, env *Env) error {
 	a := env.Agent
+	// The guest sets the time it is sent when the request arrives, so send
+	// host time plus half a round trip, that of this first read.
+	t0 := env.now()
 	before, err := a.GetTime(ctx)
 	if err != nil {
 		return fmt.Errorf("read guest clock: %w", err)
-	}
-	// The guest sets the time it is sent when the request arrives, so send
-	// host time plus half a round trip.
-	t0 := env.now()
-	if err := a.Ping(ctx); err != nil {
-		return err
 	}
 	target := env.now()
 	target = target.Add(target.Sub(t0) / 2)
@@ -191,23 +188,72 @@ func HostnameStep(pattern string) Step {
 	}}
 }
 
-// hostnameScript sets $1 as the hostname. Files are rewritten in place
-// (cat >), never replaced: qemu-ga runs commands with umask 077, and a new
-// /etc/hosts would be unreadable to everyone but root.
-const hostnameScript = `set -e
-new=$1
-old=$(hostname 2>/dev/null || true)
+// hostnameScript sets $1 as the hostname. Every process it starts costs
+// tens of milliseconds in a fork child under TCG, so it starts none where
+// a shell builtin does: the kernel's hostname is read and written through
+// /proc (what hostname(1) does with sethostname(2)), and /etc/hosts is
+// rewritten by replaceHostFunc, and only when it names the old hostname.
+// Files are rewritten in place (>), never replaced: qemu-ga runs commands
+// with umask 077, and a new /etc/hosts would be unreadable to everyone but
+// root.
+const hostnameScript = replaceHostFunc + `set -e
+new=$1 old= cur=
+uts=/proc/sys/kernel/hostname
+if [ -r "$uts" ]; then read -r old <"$uts" || old=; else old=$(hostname 2>/dev/null || true); fi
 if [ -d /run/systemd/system ] && command -v hostnamectl >/dev/null 2>&1; then
 	hostnamectl set-hostname "$new"
 else
-	hostname "$new"
+	{ printf '%s' "$new" >"$uts" && read -r cur <"$uts"; } 2>/dev/null || true
+	# The kernel cuts a long name short where sethostname fails: let
+	# hostname(1) set it, or say why it cannot.
+	if [ "$cur" != "$new" ]; then hostname "$new"; fi
 	if [ -e /etc/hostname ]; then printf '%s\n' "$new" >/etc/hostname; fi
 fi
 if [ -n "$old" ] && [ "$old" != "$new" ] && [ -f /etc/hosts ]; then
-	awk -v old="$old" -v new="$new" '{ for (i = 2; i <= NF; i++) if ($i == old) $i = new; print }' /etc/hosts >/etc/hosts.vmfork
-	cat /etc/hosts.vmfork >/etc/hosts
-	rm -f /etc/hosts.vmfork
+	replace_host /etc/hosts "$old" "$new"
 fi`
+
+// replaceHostFunc defines replace_host FILE OLD NEW, which replaces OLD by
+// NEW wherever it is a host name in FILE (a field after the first), like
+//
+//	awk -v old="$old" -v new="$new" '{ for (i = 2; i <= NF; i++) if ($i == old) $i = new; print }'
+//
+// with shell builtins only: lines it changes have their fields joined by
+// single spaces, other lines stay as they are, and FILE is written only if
+// a line changed. A file of more than hostsMaxLines lines, too slow for a
+// shell loop, goes through that awk program instead.
+const replaceHostFunc = `replace_host() {
+	_f=$1 _old=$2 _new=$3 _out= _hit= _n=0
+	while IFS= read -r _l || [ -n "$_l" ]; do
+		_n=$((_n + 1))
+		if [ "$_n" -gt ` + hostsMaxLines + ` ]; then
+			awk -v old="$_old" -v new="$_new" '{ for (i = 2; i <= NF; i++) if ($i == old) $i = new; print }' "$_f" >"$_f.vmfork"
+			cat "$_f.vmfork" >"$_f"
+			rm -f "$_f.vmfork"
+			return
+		fi
+		set -f
+		# shellcheck disable=SC2086 # split into fields, as awk does
+		set -- $_l
+		set +f
+		if [ $# -ge 2 ]; then
+			_r=$1 _m=
+			shift
+			for _w in "$@"; do
+				if [ "$_w" = "$_old" ]; then _w=$_new _m=1; fi
+				_r="$_r $_w"
+			done
+			if [ -n "$_m" ]; then _l=$_r _hit=1; fi
+		fi
+		_out="$_out$_l
+"
+	done <"$_f"
+	if [ -n "$_hit" ]; then printf '%s' "$_out" >"$_f"; fi
+}
+`
+
+// hostsMaxLines is the longest /etc/hosts that replace_host edits itself.
+const hostsMaxLines = "500"
 
 // Hostname placeholders.
 var hostnameVars = map[string]func(Child) string{

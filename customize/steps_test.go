@@ -58,6 +58,11 @@ func TestDefaultChainOnAFakeGuest(t *testing.T) {
 	if i, j := strings.Index(log, "run sh:mac"), strings.Index(log, "run sh:dhcp"); i < 0 || j < i {
 		t.Errorf("MAC change and DHCP out of order:\n%s", log)
 	}
+	// The clock needs no ping of its own: its first read measures the
+	// round trip.
+	if n := strings.Count(log, "ping"); n != 1 {
+		t.Errorf("%d pings, want the agent step's only:\n%s", n, log)
+	}
 	if !slices.Equal(link.ups, []bool{true}) {
 		t.Errorf("link changes = %v, want one up for DHCP", link.ups)
 	}
@@ -96,6 +101,26 @@ func TestStaticNetworkKeepsTheLinkDown(t *testing.T) {
 	_, err = runSpec(t, s, newFakeAgent().guest(), testChild(3), link)
 	if err == nil || !strings.Contains(err.Error(), "no static address for child 3: the spec lists 2") {
 		t.Errorf("third child = %v", err)
+	}
+}
+
+func TestNetworkFindsTheNIC(t *testing.T) {
+	step := NetworkStep(NetworkSpec{Mode: NetworkNone})
+	a := newFakeAgent().guest()
+	a.ifaces = append(a.ifaces, qmp.NetworkInterface{Name: "eth1", HardwareAddress: "52:54:00:00:00:07"})
+	c := testChild(1)
+	c.OldMACs = []string{"52:54:00:00:00:07"}
+	res, err := Run(t.Context(), NewChain(step), &Env{Agent: a, Child: c})
+	if err != nil || a.ifaces[2].HardwareAddress != c.MAC || !strings.HasPrefix(res.Steps[0].Detail, "eth1 ") {
+		t.Errorf("NIC with the old MAC: %v, %+v, interfaces %+v", err, res.Steps, a.ifaces)
+	}
+	// Without the old MAC there is no telling.
+	a = newFakeAgent().guest()
+	a.ifaces = append(a.ifaces, qmp.NetworkInterface{Name: "eth1", HardwareAddress: "52:54:00:00:00:07"})
+	c.OldMACs = nil
+	_, err = Run(t.Context(), NewChain(step), &Env{Agent: a, Child: c})
+	if err == nil || err.Error() != `step "vmfork.network": the guest has several network interfaces (eth0, eth1); set network.interface` {
+		t.Errorf("two NICs and no old MAC: %v", err)
 	}
 }
 
