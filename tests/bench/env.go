@@ -302,7 +302,10 @@ func (e *Env) bootWith(ctx context.Context, name string, memMiB int, cmdline str
 func (e *Env) remove(ctx context.Context, names ...string) error {
 	var errs []error
 	for _, n := range names {
-		errs = append(errs, e.mgr.Remove(ctx, n, true))
+		// A failed child may be gone already: vmfork removes it.
+		if err := e.mgr.Remove(ctx, n, true); !errors.Is(err, vmfork.ErrNotFound) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

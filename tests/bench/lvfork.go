@@ -111,32 +111,13 @@ func (e *Env) removeLibvirt(ctx context.Context, names ...string) error {
 // forkLibvirt forks one child of src through the libvirt driver and reads
 // its memory once it settled.
 func (e *Env) forkLibvirt(ctx context.Context, src string) (Sample, string, error) {
-	start := time.Now()
-	res, err := e.lv.Fork(ctx, vmfork.ForkRequest{Source: src, Count: 1})
-	wall := time.Since(start)
-	if res == nil || len(res.Children) == 0 {
-		if err == nil {
-			err = errors.New("fork returned no child")
-		}
-		if res != nil && len(res.Failed) > 0 {
-			return Sample{}, res.Failed[0].Name, err
-		}
-		return Sample{}, "", err
-	}
-	c := res.Children[0]
+	f, err := forkSample(ctx, e.lv, src)
 	if err != nil {
-		return Sample{}, c.Name, err
+		return f.Sample, f.name, err
 	}
-	s := Sample{RunningMS: c.RunningMS, ReadyMS: c.ReadyMS, PauseMS: res.PauseMS, WallMS: ms(wall)}
-	s.Steps = identitySteps(c.Identity)
+	s, c, size := f.Sample, f.child, f.size
 	s.Phases = identityPhases(c, s.Steps)
 	s.AgentMS = c.RunningMS + s.Phases.AgentMS
-	s.TemplateRAMBytes = allocatedBytes(e.lv.Store.TemplatePaths(res.Template).RAM)
-	m, err := e.lv.Store.LoadMachine(src)
-	if err != nil {
-		return s, c.Name, err
-	}
-	size := int64(m.Spec.MemoryMiB) << 20
 	pid := c.PID
 	if pid <= 0 {
 		if pid, err = libvirtPID(c.Name); err != nil {

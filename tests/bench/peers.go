@@ -456,33 +456,58 @@ func (e *Env) fill(ctx context.Context, sz *PeersSize, run guestRunner, method M
 // forkOne forks one child of src and reads its memory once it settled.
 func (e *Env) forkOne(ctx context.Context, src string) (Sample, string, error) {
 	e.events.reset(nil)
+	f, err := forkSample(ctx, e.mgr, src)
+	if err != nil {
+		return f.Sample, f.name, err
+	}
+	s := f.Sample
+	s.Phases = e.forkPhases(f.child, s.Steps)
+	s.AgentMS = f.child.RunningMS + s.Phases.AgentMS
+	s, err = e.finishSample(ctx, s, func() (Memory, error) { return readMemory(f.child.PID, f.ram, f.size) })
+	return s, f.name, err
+}
+
+// forked is one child made by Manager.Fork, with its sample so far.
+type forked struct {
+	Sample
+	child vmfork.ChildResult
+	name  string // the child's, also of a failed one, for the cleanup
+	ram   string // its template's RAM file
+	size  int64  // its guest RAM size
+}
+
+// forkSample forks one child of src through mg and fills the times a
+// ForkResult gives: running, ready, the source's pause, the whole call, the
+// identity steps (phases and agent time are the caller's).
+func forkSample(ctx context.Context, mg *vmfork.Manager, src string) (forked, error) {
 	start := time.Now()
-	res, err := e.mgr.Fork(ctx, vmfork.ForkRequest{Source: src, Count: 1})
+	res, err := mg.Fork(ctx, vmfork.ForkRequest{Source: src, Count: 1})
 	wall := time.Since(start)
 	if res == nil || len(res.Children) == 0 {
 		if err == nil {
 			err = errors.New("fork returned no child")
 		}
-		return Sample{}, "", err
+		if res != nil && len(res.Failed) > 0 {
+			return forked{name: res.Failed[0].Name}, err
+		}
+		return forked{}, err
 	}
 	c := res.Children[0]
+	f := forked{child: c, name: c.Name}
 	if err != nil {
-		return Sample{}, c.Name, err
+		return f, err
 	}
-	s := Sample{RunningMS: c.RunningMS, ReadyMS: c.ReadyMS, PauseMS: res.PauseMS, WallMS: ms(wall)}
-	s.Steps = identitySteps(c.Identity)
-	s.Phases = e.forkPhases(c, s.Steps)
-	s.AgentMS = c.RunningMS + s.Phases.AgentMS
-	ram := e.mgr.Store.TemplatePaths(res.Template).RAM
-	s.TemplateRAMBytes = allocatedBytes(ram)
+	f.Sample = Sample{RunningMS: c.RunningMS, ReadyMS: c.ReadyMS, PauseMS: res.PauseMS, WallMS: ms(wall)}
+	f.Steps = identitySteps(c.Identity)
+	f.ram = mg.Store.TemplatePaths(res.Template).RAM
+	f.TemplateRAMBytes = allocatedBytes(f.ram)
 	// The child's record, not the source's: src may name a kept template.
-	mem, err := e.mgr.Store.LoadMachine(c.Name)
+	m, err := mg.Store.LoadMachine(c.Name)
 	if err != nil {
-		return s, c.Name, err
+		return f, err
 	}
-	size := int64(mem.Spec.MemoryMiB) << 20
-	s, err = e.finishSample(ctx, s, func() (Memory, error) { return readMemory(c.PID, ram, size) })
-	return s, c.Name, err
+	f.size = int64(m.Spec.MemoryMiB) << 20
+	return f, nil
 }
 
 // forkPhases splits a fork child's time at the moments vmfork logged (see
