@@ -70,10 +70,20 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 		// soon as no child maps its RAM.
 		ownDisk := t.Paths.Disk != "" && !t.ForeignDisk
 		// A kept template (kept.go) stays until it is given up.
-		if users[t.ID] > 0 || t.Name != "" || (ownDisk && needed[filepath.Clean(t.Paths.Disk)]) {
+		if users[t.ID] > 0 || t.Name != "" {
 			continue
 		}
 		log := mg.Log.WithField("template", t.ID)
+		if ownDisk && needed[filepath.Clean(t.Paths.Disk)] {
+			// Later templates' disks build on this one, but no child maps
+			// its RAM: free that now, the disk goes with them.
+			if t.HasMemory {
+				if err := mg.Store.DropTemplateMemory(t); err != nil {
+					log.WithError(err).Warn("could not free template memory")
+				}
+			}
+			continue
+		}
 		if !ownDisk || !layers[filepath.Clean(t.Paths.Disk)] {
 			if err := mg.Store.RemoveTemplate(t.ID); err != nil {
 				log.WithError(err).Warn("could not remove unused template")

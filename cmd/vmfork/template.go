@@ -172,7 +172,7 @@ var templateRmCommand = &cli.Command{
 		if gone {
 			fmt.Printf("removed template %s\n", name)
 		} else {
-			fmt.Printf("template %s is no longer kept; its files go with its last child\n", name)
+			fmt.Printf("template %s is no longer kept; its files go once no child maps its RAM and no disk builds on its own\n", name)
 		}
 		return nil
 	},
