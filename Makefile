@@ -7,7 +7,7 @@ GUEST_OUT ?= $(CURDIR)/tests/guest/out
 BIN       ?= $(CURDIR)/bin/vmfork
 GO        ?= go
 
-.PHONY: all deps build guest demo test unit integration bench bench-peers bench-burst bench-scale bench-all vet clean
+.PHONY: all deps build guest demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all vet clean
 
 all: build
 
@@ -54,13 +54,20 @@ bench-peers: deps build guest
 	$(BIN) libvirt setup
 	$(BIN) bench peers --guest $(GUEST_OUT) --plot docs/bench-peers.svg $(PEERS_FLAGS)
 
+# The same with every source guest holding 60% of its RAM in non-zero data, as
+# a desktop or an agent's machine in use does.
+bench-peers-used: deps build guest
+	@scripts/libvirtd.sh
+	$(BIN) libvirt setup
+	$(BIN) bench peers --guest $(GUEST_OUT) --guest-use 60% --plot docs/bench-peers-used.svg
+
 bench-burst: deps build guest
 	$(BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg
 
 bench-scale: deps build guest
 	$(BIN) bench scale --guest $(GUEST_OUT) --plot docs/bench-scale.svg
 
-bench-all: bench-peers bench-burst bench-scale
+bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
 test: deps vet unit integration
 
