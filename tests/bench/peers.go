@@ -111,7 +111,7 @@ func (m Method) Label() string {
 	case MethodFloor:
 		return "floor: bare QEMU -incoming"
 	case MethodKept:
-		return "vmfork fork, kept template + pool"
+		return "vmfork kept template + pool"
 	case MethodRestore:
 		return "libvirt save + restore"
 	case MethodCold:

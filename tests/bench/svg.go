@@ -179,6 +179,9 @@ const (
 	barGap   = 9.0
 	barLabel = 190.0
 	barValue = 110.0
+	// labelCharW is a wide average character width of the sans-serif
+	// font, per unit of font size.
+	labelCharW = 0.55
 )
 
 func (p BarPanel) height(float64) float64 {
@@ -218,7 +221,9 @@ func (p BarPanel) draw(c *canvas, x, y, w float64) {
 	var order []string
 	for i, b := range p.Bars {
 		by := y0 + float64(i)*(barH+barGap)
-		c.text(x0-8, by+barH*0.72, b.Label, 12, "end", "normal", "#212529")
+		// A label too long for its column gets a smaller font, not clipped.
+		size := min(12, (barLabel-8)/(labelCharW*float64(len([]rune(b.Label)))))
+		c.text(x0-8, by+barH*0.72, b.Label, size, "end", "normal", "#212529")
 		at := 0.0
 		for _, s := range b.Segments {
 			c.rect(px(at), by, px(at+s.Value)-px(at), barH, s.Color)
