@@ -194,3 +194,44 @@ func contains(xs []string, x string) bool {
 	}
 	return false
 }
+
+// TestLibvirtKeptTemplate keeps a libvirt machine's instant and forks
+// libvirt domains from it later. The libvirt driver has no warm pool: asking
+// for one is refused before anything is paused.
+func TestLibvirtKeptTemplate(t *testing.T) {
+	d := newDriverEnv(t, []string{"--connect", libvirtURI})
+	p, gold := d.n("p"), d.n("gold")
+	d.bootGuest(p)
+	d.run(p, "sh", "-c", "echo kept > /run/mark")
+	if r := d.cli("template", "save", p, gold, "--pool", "1"); r.code == 0 || !strings.Contains(r.stderr, "no warm pool") {
+		t.Errorf("template save --pool on libvirt: %s, want a refusal naming the pool", r)
+	}
+	var saved templateJSON
+	d.cliJSON(&saved, "template", "save", p, gold)
+	if saved.Name != gold || !saved.HasMemory {
+		t.Fatalf("template save = %+v", saved)
+	}
+	d.run(p, "sh", "-c", "echo later > /run/mark")
+	var res forkJSON
+	d.cliJSON(&res, "fork", gold, "--count", "2")
+	if len(res.Children) != 2 || res.Template != saved.ID {
+		t.Fatalf("fork of the kept template = %+v", res)
+	}
+	running := strings.Fields(virshOK(t, "list", "--name", "--state-running"))
+	for _, c := range res.Children {
+		if !contains(running, c.Name) {
+			t.Errorf("virsh list does not show %s running: %v", c.Name, running)
+		}
+		if got := d.run(c.Name, "cat", "/run/mark"); got != "kept\n" {
+			t.Errorf("%s: /run/mark = %q, want the kept instant's", c.Name, got)
+		}
+	}
+	d.cliOK("template", "rm", gold)
+	d.cliOK("rm", res.Children[0].Name, res.Children[1].Name, p)
+	if left := d.leftovers(); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	if left, _ := filepath.Glob(filepath.Join(d.stateDir, "templates", "*")); len(left) != 0 {
+		t.Errorf("templates left: %v", left)
+	}
+}
