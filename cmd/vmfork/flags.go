@@ -100,14 +100,17 @@ func printJSON(v any) error {
 // machineView is a machine as `ls` and `boot` print it. Its JSON form is a
 // contract with scripts and the Ansible modules: change it only by adding.
 type machineView struct {
-	Name      string               `json:"name"`
-	State     vmfork.State         `json:"state"`
-	Driver    string               `json:"driver"`
-	PID       int                  `json:"pid,omitempty"`
-	MemoryMiB int                  `json:"memory_mib"`
-	CPUs      int                  `json:"cpus"`
-	Accel     string               `json:"accel,omitempty"`
-	MAC       string               `json:"mac,omitempty"`
+	Name      string       `json:"name"`
+	State     vmfork.State `json:"state"`
+	Driver    string       `json:"driver"`
+	PID       int          `json:"pid,omitempty"`
+	MemoryMiB int          `json:"memory_mib"`
+	CPUs      int          `json:"cpus"`
+	Accel     string       `json:"accel,omitempty"`
+	MAC       string       `json:"mac,omitempty"`
+	// Hostname and Addresses are what a fork child's identity chain set.
+	Hostname  string               `json:"hostname,omitempty"`
+	Addresses []string             `json:"addresses,omitempty"`
 	Ports     []vmfork.PortForward `json:"ports"`
 	Parent    string               `json:"parent,omitempty"`
 	Template  string               `json:"template,omitempty"`
@@ -137,6 +140,9 @@ func viewOf(m *vmfork.Machine) machineView {
 	v.Adopted = m.Adopted != nil
 	if m.GuestMAC != "" {
 		v.MAC = m.GuestMAC // a fork child's own MAC, set inside its guest
+	}
+	if id := m.Identity; id != nil {
+		v.Hostname, v.Addresses = id.Hostname, id.Addresses
 	}
 	return v
 }

@@ -29,6 +29,11 @@ func TestJSONGolden(t *testing.T) {
 			RAM: "/dev/shm/vmfork/web.1.ram",
 		},
 		Parent: "web", Template: "web.1", Created: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
+		Identity: &vmfork.IdentityResult{Hostname: "web-1", Addresses: []string{"10.0.2.16/24"}},
+	}
+	tpl := vmfork.TemplateStatus{
+		Name: "golden", ID: "web.2", Source: "web", Created: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
+		MemoryMiB: 512, HasMemory: true, RAMBytes: 130 << 20, PauseMS: 70.5, Children: 3, PoolSize: 4, Pooled: 4,
 	}
 	fork := &vmfork.ForkResult{
 		Source: "web", Template: "web.1", PauseMS: 68.5,
@@ -38,7 +43,7 @@ func TestJSONGolden(t *testing.T) {
 		}},
 		Failed: []vmfork.ChildError{{Name: "web-2", Error: "QEMU exited: boom"}},
 	}
-	for name, v := range map[string]any{"ls.json": []machineView{viewOf(m)}, "fork.json": fork} {
+	for name, v := range map[string]any{"ls.json": []machineView{viewOf(m)}, "fork.json": fork, "template-ls.json": []vmfork.TemplateStatus{tpl}} {
 		got, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
 			t.Fatal(err)

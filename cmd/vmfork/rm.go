@@ -1,10 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
 )
 
 var rmCommand = &cli.Command{
@@ -31,20 +34,36 @@ logs and RAM file. A template whose last child goes is removed as well. With
 			return err
 		}
 		// Every name is tried; the first error decides the exit code.
-		removed := []string{}
+		removed, forgotten := []string{}, []string{}
 		var errs []error
 		for _, name := range cliCtx.Args().Slice() {
+			// An adopted machine (a libvirt domain vmfork did not make) is
+			// only forgotten: it keeps running, as its owner's.
+			m, _ := mg.Store.LoadMachine(name)
+			adopted := m != nil && m.Adopted != nil
 			if err := mg.Remove(ctx, name, cliCtx.Bool("force")); err != nil {
+				if t, terr := mg.Store.FindKept(name); errors.Is(err, vmfork.ErrNotFound) && terr == nil {
+					err = fmt.Errorf("%w; %s is a kept template (%s): vmfork template rm %s", err, name, t.ID, name)
+				}
 				errs = append(errs, err)
 				continue
 			}
 			removed = append(removed, name)
-			if !cliCtx.Bool("json") {
+			if adopted {
+				forgotten = append(forgotten, name)
+			}
+			switch {
+			case cliCtx.Bool("json"):
+			case adopted:
+				fmt.Printf("%s forgotten (it runs on; vmfork no longer manages it)\n", name)
+			default:
 				fmt.Printf("%s removed\n", name)
 			}
 		}
 		if cliCtx.Bool("json") {
-			if err := printJSON(map[string]any{"removed": removed}); err != nil {
+			// "removed" lists every name done; "forgotten" those of them
+			// that were only forgotten.
+			if err := printJSON(map[string]any{"removed": removed, "forgotten": forgotten}); err != nil {
 				return err
 			}
 		}
