@@ -135,7 +135,7 @@ func TestKeepThenForkTakesThePoolFirst(t *testing.T) {
 func TestKeptTemplateSurvivesCollection(t *testing.T) {
 	mg, _ := newPoolManager(t)
 	bootFake(t, mg, "src")
-	tpl, err := mg.Keep(t.Context(), KeepRequest{Source: "src", Name: "golden"})
+	tpl, err := mg.Keep(t.Context(), KeepRequest{Source: "src", Name: "golden", Pool: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +162,9 @@ func TestKeptTemplateSurvivesCollection(t *testing.T) {
 	}
 	if _, err := mg.Store.LoadTemplate(tpl.ID); !errors.Is(err, ErrNotFound) {
 		t.Errorf("template after its last child went: %v, want removed", err)
+	}
+	if dir := filepath.Join(mg.Store.poolRoot(), tpl.ID); exists(dir) {
+		t.Errorf("pool directory %s left after its template went", dir)
 	}
 }
 

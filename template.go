@@ -221,5 +221,8 @@ func (s *Store) RemoveTemplate(id string) error {
 	if err := os.RemoveAll(p.Dir); err != nil {
 		return fmt.Errorf("template %q: %w", id, err)
 	}
+	// Its warm pool's directory, empty once its members and the children
+	// made from them are gone.
+	os.Remove(filepath.Join(s.poolRoot(), id))
 	return nil
 }

@@ -154,7 +154,7 @@ func TestKeptTemplateWithPool(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "templates", "*")); len(left) != 0 {
 		t.Errorf("templates left after removing everything: %v", left)
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "pool", "*", "*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(e.stateDir, "pool", "*")); len(left) != 0 {
 		t.Errorf("pool files left after removing everything: %v", left)
 	}
 	if left, _ := filepath.Glob(filepath.Join(e.memDir, "*")); len(left) != 0 {
