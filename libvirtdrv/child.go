@@ -107,7 +107,7 @@ func reachForChild(child *vmfork.Machine, t *vmfork.Template) error {
 // configuration is the template's.
 func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monitor, t *vmfork.Template) error {
 	var ram string
-	if err := mon.execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
+	if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
 		return fmt.Errorf("find guest RAM file: %w", err)
 	}
 	if !linkedTo(ram, t.Paths.RAM) {
@@ -125,24 +125,13 @@ func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monito
 	return got.Check(t.Manifest)
 }
 
+// loadDeviceState sets x-ignore-shared right before the load: unlike the
+// embedded driver, this one keeps no QEMU prepared ahead (no warm pool).
 func (d *Driver) loadDeviceState(ctx context.Context, mon monitor, t *vmfork.Template) error {
-	if err := mon.setIgnoreShared(ctx); err != nil {
+	if err := qmp.SetIgnoreShared(ctx, mon); err != nil {
 		return err
 	}
-	f, err := os.Open(t.Paths.DevState)
-	if err != nil {
-		return err
-	}
-	err = mon.passFile(ctx, devStateFD, f)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if err := mon.execute(ctx, qmp.CmdMigrateIncoming, map[string]string{"uri": "fd:" + devStateFD}, nil); err != nil {
-		return err
-	}
-	_, err = mon.waitMigration(ctx, false)
-	return err
+	return qmp.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, qmp.WithLogger(mon.log))
 }
 
 // Resume implements vmfork.Forker.

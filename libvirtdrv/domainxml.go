@@ -7,6 +7,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // Fixed names in the domains vmfork defines. The agent channel's name is what
@@ -24,8 +25,8 @@ const (
 const (
 	domainKVM  = "kvm"
 	domainTCG  = "qemu"
-	accelKVM   = "kvm"
-	accelTCG   = "tcg"
+	accelKVM   = templates.AccelKVM
+	accelTCG   = templates.AccelTCG
 	domainArch = "x86_64"
 )
 

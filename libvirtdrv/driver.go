@@ -18,18 +18,15 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // Name is the driver's name in machine records.
 const Name = "libvirt"
 
-const (
-	// migrationPoll is how often query-migrate is asked; a device-state
-	// save or load takes tens of milliseconds.
-	migrationPoll = 2 * time.Millisecond
-	// rollbackTimeout bounds undoing a failed step, even after a cancel.
-	rollbackTimeout = 10 * time.Second
-)
+// migrationPoll is how often query-migrate is asked; a device-state save or
+// load takes tens of milliseconds.
+const migrationPoll = 2 * time.Millisecond
 
 // Driver runs machines as libvirt domains. It is safe for concurrent use: a
 // libvirt connection serializes nothing that vmfork needs serialized.
@@ -136,16 +133,14 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 // set (a fork child's inherited configuration) are kept.
 func (d *Driver) resolve(ctx context.Context, m *vmfork.Machine) error {
 	if m.Accel == "" {
-		accel, err := chooseAccel()
+		accel, err := templates.ChooseAccel(d.log.WithField("machine", m.Name))
 		if err != nil {
 			return err
 		}
 		m.Accel = accel
-		if accel == accelTCG && os.Getenv("VMFORK_ACCEL") == "" {
-			d.log.WithField("machine", m.Name).Warn("KVM is not usable here: running under TCG software emulation (slower)")
-		}
 	}
 	if m.Spec.MachineType == "" {
+		// libvirt's answer, not QEMU's: libvirt runs the QEMU binary it chooses.
 		mt, err := d.machineType(ctx, m.Accel)
 		if err != nil {
 			return err
@@ -153,12 +148,10 @@ func (d *Driver) resolve(ctx context.Context, m *vmfork.Machine) error {
 		m.Spec.MachineType = mt
 	}
 	if m.Spec.CPUModel == "" {
-		// qemu64 runs under both accelerators; "host" would tie a template
-		// to this CPU.
-		m.Spec.CPUModel = "qemu64"
+		m.Spec.CPUModel = templates.DefaultCPUModel
 	}
 	if m.Spec.MAC == "" {
-		m.Spec.MAC = randomMAC()
+		m.Spec.MAC = templates.RandomMAC()
 	}
 	// libvirt's type='user' interface forwards ports only with the passt
 	// backend; vmfork adds slirp forwards over QMP once QEMU runs.
@@ -222,7 +215,7 @@ func (d *Driver) started(ctx context.Context, dom *libvirt.Domain, m *vmfork.Mac
 	m.PID = qemuPID(d.uri, m.Name)
 	if m.Paths.RAMShared {
 		var ram string
-		if err := mon.execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
+		if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
 			return fmt.Errorf("find guest RAM file: %w", err)
 		}
 		m.Paths.RAM = ram
@@ -231,7 +224,7 @@ func (d *Driver) started(ctx context.Context, dom *libvirt.Domain, m *vmfork.Mac
 		// hostnet0 is libvirt's netdev id of the first interface.
 		hmp := fmt.Sprintf("hostfwd_add hostnet0 tcp:127.0.0.1:%d-:%d", p.Host, p.Guest)
 		var out string
-		if err := mon.execute(ctx, "human-monitor-command", map[string]string{"command-line": hmp}, &out); err != nil {
+		if err := mon.Execute(ctx, "human-monitor-command", map[string]string{"command-line": hmp}, &out); err != nil {
 			return fmt.Errorf("forward port %s: %w", p, err)
 		}
 		if out != "" {
@@ -375,7 +368,9 @@ func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error 
 			return err
 		}
 	}
-	removeOldTops(m)
+	if m.Paths.Disk != "" {
+		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
+	}
 	return nil
 }
 
@@ -418,24 +413,6 @@ func (d *Driver) waitGone(ctx context.Context, dom *libvirt.Domain, grace time.D
 		case <-ctx.Done():
 			return false
 		case <-t.C:
-		}
-	}
-}
-
-// removeOldTops removes a forked machine's earlier top images once its QEMU
-// is gone: each kept its old name only for the QEMU that knew it, and each is
-// also its template's frozen disk under the template's name.
-func removeOldTops(m *vmfork.Machine) {
-	if m.Paths.Disk == "" {
-		return
-	}
-	old, err := filepath.Glob(filepath.Join(m.Paths.Dir, "disk*.qcow2"))
-	if err != nil {
-		return
-	}
-	for _, p := range old {
-		if p != m.Paths.Disk {
-			os.Remove(p)
 		}
 	}
 }

@@ -6,12 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
@@ -51,65 +48,50 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
-
-	start := time.Now()
-	if _, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) { return struct{}{}, d.Suspend() }); err != nil {
-		return fr, fmt.Errorf("pause: %w", err)
+	release, err := qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
+	if err != nil {
+		return fr, err
 	}
-	// undo holds one step per completed change, run in reverse on error. Its
-	// first step resumes the source: a source is never left paused.
-	undo := []func(context.Context) error{func(ctx context.Context) error { return resume(ctx, dom) }}
-	defer func() {
-		if err == nil {
-			return
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		defer cancel()
-		for i := len(undo) - 1; i >= 0; i-- {
-			if uerr := undo[i](rctx); uerr != nil {
-				if i == 0 {
-					err = fmt.Errorf("%w; resuming failed too: %v: %w", err, uerr, vmfork.ErrStillPaused)
-				} else {
-					err = fmt.Errorf("%w; rollback: %v", err, uerr)
-				}
-			}
-		}
-	}()
+	defer release()
+
+	w, err := sharedmem.Pause(ctx, sharedmem.PauseSource{
+		Pause:       func(ctx context.Context) error { return suspend(ctx, dom) },
+		Resume:      func(ctx context.Context) error { return resume(ctx, dom) },
+		StillPaused: vmfork.ErrStillPaused,
+	})
+	if err != nil {
+		return fr, err
+	}
+	defer w.Rollback(ctx, &err)
 	if prep.diskTarget != "" {
-		if err := d.switchDisk(ctx, dom, src, t, prep, &undo); err != nil {
+		if err := d.switchDisk(ctx, dom, src, t, prep, w); err != nil {
 			return fr, fmt.Errorf("switch disk: %w", err)
 		}
 	}
-	if err := mon.execute(ctx, qmp.CmdMigrate, map[string]string{"uri": "fd:" + devStateFD}, nil); err != nil {
+	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log)); err != nil {
 		return fr, fmt.Errorf("save device state: %w", err)
 	}
-	if _, err := mon.waitMigration(ctx, true); err != nil {
-		return fr, fmt.Errorf("save device state: %w", err)
-	}
-	if prep.shared {
-		st, err := sharedmem.Freeze(ctx, prep.ram, t.Paths.RAM)
-		if err != nil {
-			return fr, err
-		}
-		fr.RAMCopiedBytes = st.CopiedBytes
-	} else if err := sharedmem.CreateEmpty(t.Paths.RAM, int64(src.Spec.MemoryMiB)<<20); err != nil {
-		// A fork child's RAM is private, so the device state above carried
-		// all of it; the template's RAM file only has to exist for the hook.
+	// Without shared RAM, the template's RAM file exists for the start hook.
+	fr.RAMCopiedBytes, err = sharedmem.SaveRAM(ctx, prep.ram, t.Paths.RAM, prep.shared, int64(src.Spec.MemoryMiB)<<20)
+	if err != nil {
 		return fr, err
 	}
 	if err := grantRAM(t.Paths.RAM, prep.owner); err != nil {
 		return fr, err
 	}
-	if err := resume(ctx, dom); err != nil {
-		return fr, fmt.Errorf("resume: %w: %w", err, vmfork.ErrStillPaused)
+	if fr.Pause, err = w.Resume(ctx); err != nil {
+		return fr, err
 	}
-	undo = nil
-	fr.Pause = time.Since(start)
 	if fi, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = fi.Size()
 	}
-	d.log.WithFields(logrus.Fields{"machine": src.Name, "template": t.ID, "pause": fr.Pause}).Debug("frozen")
+	mon.log.WithFields(logrus.Fields{"template": t.ID, "pause": fr.Pause}).Debug("frozen")
 	return fr, nil
+}
+
+func suspend(ctx context.Context, dom *libvirt.Domain) error {
+	_, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) { return struct{}{}, d.Suspend() })
+	return err
 }
 
 func resume(ctx context.Context, dom *libvirt.Domain) error {
@@ -145,18 +127,12 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 	if err != nil {
 		return nil, err
 	}
-	info, err := mon.queryMigrate(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("query migration: %w", err)
+	if err := qmp.PrepareSave(ctx, mon); errors.Is(err, qmp.ErrMigrationBlocked) {
+		return nil, fmt.Errorf("%w: %w", err, vmfork.ErrUnsupported)
+	} else if err != nil {
+		return nil, err
 	}
-	if len(info.BlockedReasons) > 0 {
-		return nil, fmt.Errorf("QEMU refuses to save this domain's state: %s (detach such devices before forking): %w",
-			strings.Join(info.BlockedReasons, "; "), vmfork.ErrUnsupported)
-	}
-	if err := mon.setIgnoreShared(ctx); err != nil {
-		return nil, fmt.Errorf("set %s: %w", qmp.CmdMigrateSetCapabilities, err)
-	}
-	if err := mon.execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &p.ram); err != nil {
+	if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &p.ram); err != nil {
 		return nil, fmt.Errorf("find guest RAM file: %w", err)
 	}
 	p.owner = dacLabel(live)
@@ -174,13 +150,9 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 	mb := live.MemoryBacking
 	p.shared = mb.MemoryAccess != nil && mb.MemoryAccess.Mode == "shared"
 	t.Manifest.RAMSharedWithChildren = p.shared
-	var g struct {
-		GUID string `json:"guid"`
-	}
-	if err := mon.execute(ctx, qmp.CmdQueryVMGenerationID, nil, &g); err != nil {
+	if t.VMGenID, err = qmp.QueryVMGenerationID(ctx, mon); err != nil {
 		return nil, fmt.Errorf("query vmgenid: %w", err)
 	}
-	t.VMGenID = g.GUID
 	if err := writeFileAtomic(filepath.Join(t.Paths.Dir, FileSourceXML), []byte(migXML), 0o600); err != nil {
 		return nil, fmt.Errorf("save source domain XML: %w", err)
 	}
@@ -188,24 +160,6 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 		if err := prepareDisk(ctx, live, src, t, p); err != nil {
 			return nil, err
 		}
-	}
-	f, err := os.OpenFile(t.Paths.DevState, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		p.cleanup()
-		return nil, fmt.Errorf("create device-state file: %w", err)
-	}
-	defer f.Close()
-	if err := mon.passFile(ctx, devStateFD, f); err != nil {
-		p.cleanup()
-		return nil, fmt.Errorf("pass device-state file: %w", err)
-	}
-	prev := p.cleanup
-	p.cleanup = func() {
-		prev()
-		// Harmless when migrate already took the fd.
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		mon.execute(cctx, qmp.CmdCloseFD, map[string]string{"fdname": devStateFD}, nil)
 	}
 	return p, nil
 }
@@ -227,7 +181,7 @@ func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machi
 	if err != nil {
 		return err
 	}
-	if p.next, err = nextTopPath(src); err != nil {
+	if p.next, err = overlay.NextTop(src.Paths.Dir); err != nil {
 		return err
 	}
 	backing := t.Paths.Disk
@@ -255,12 +209,12 @@ func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machi
 // second name, a hard link: QEMU reopens images by the names it knows) and
 // moves the source onto the overlay made for it, through a disk-only
 // external snapshot that reuses that overlay and keeps no libvirt metadata.
-func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, undo *[]func(context.Context) error) error {
+func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, w *sharedmem.PauseWindow) error {
 	if !p.foreign {
 		if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
 			return err
 		}
-		*undo = append(*undo, func(context.Context) error { return os.Remove(t.Paths.Disk) })
+		w.OnFailure(func(context.Context) error { return os.Remove(t.Paths.Disk) })
 	}
 	disks := []libvirtxml.DomainSnapshotDisk{{
 		Name:     p.diskTarget,
@@ -292,20 +246,8 @@ func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfor
 	// From here the source writes to its new overlay, on top of the frozen
 	// disk; that cannot be undone, and need not be: only resume remains.
 	src.Paths.Disk = p.next
-	*undo = (*undo)[:1]
+	w.Keep()
 	return nil
-}
-
-// nextTopPath names the overlay a source moves to at its next fork:
-// disk.1.qcow2, disk.2.qcow2, ... in the machine's directory.
-func nextTopPath(m *vmfork.Machine) (string, error) {
-	for n := 1; n < 1<<20; n++ {
-		p := filepath.Join(m.Paths.Dir, fmt.Sprintf("disk.%d.qcow2", n))
-		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no free overlay name in %s", m.Paths.Dir)
 }
 
 // dacLabel returns the "+UID:+GID" QEMU runs as, from a live definition.

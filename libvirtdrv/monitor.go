@@ -4,7 +4,6 @@ package libvirtdrv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -62,129 +61,50 @@ func call[T any](ctx context.Context, dom *libvirt.Domain, f func(*libvirt.Domai
 }
 
 // monitor is QMP through libvirt's passthrough
-// (virDomainQemuMonitorCommand[WithFiles]). libvirt owns the QMP socket, so
-// every command vmfork needs beyond libvirt's API goes this way; libvirt
-// marks the domain tainted (custom-monitor), which changes nothing else.
+// (virDomainQemuMonitorCommand[WithFiles]), a qmp.Executor. libvirt owns the
+// QMP socket, so every command vmfork needs beyond libvirt's API goes this
+// way; libvirt marks the domain tainted (custom-monitor), which changes
+// nothing else.
 type monitor struct {
 	dom *libvirt.Domain
 	log *logrus.Entry
 }
 
-// execute runs one QMP command. A QMP error comes back inside libvirt's reply
-// string, not as a libvirt error (src/qemu/qemu_monitor_json.c); it is
+var _ qmp.Executor = monitor{}
+
+// Execute implements qmp.Executor. A QMP error comes back inside libvirt's
+// reply string, not as a libvirt error (src/qemu/qemu_monitor_json.c); it is
 // returned as a *qmp.Error, like the embedded driver's monitor does.
-func (m monitor) execute(ctx context.Context, cmd string, args, result any) error {
-	return m.executeWithFile(ctx, cmd, args, nil, result)
+func (m monitor) Execute(ctx context.Context, cmd string, args, result any) error {
+	return m.command(ctx, cmd, args, nil, result)
 }
 
-// executeWithFile runs one QMP command with f passed to QEMU (libvirt ≥ 8.2
-// passes at most one file per command).
-func (m monitor) executeWithFile(ctx context.Context, cmd string, args any, f *os.File, result any) error {
-	req := map[string]any{"execute": cmd}
-	if args != nil {
-		req["arguments"] = args
+// ExecuteWithFile implements qmp.Executor (libvirt ≥ 8.2 passes at most one
+// file per command).
+func (m monitor) ExecuteWithFile(ctx context.Context, cmd string, args any, f *os.File, result any) error {
+	if f == nil {
+		return fmt.Errorf("qmp: %s: no file to pass", cmd)
 	}
-	data, err := json.Marshal(req)
+	return m.command(ctx, cmd, args, f, result)
+}
+
+func (m monitor) command(ctx context.Context, cmd string, args any, f *os.File, result any) error {
+	req, err := qmp.EncodeCommand(cmd, args)
 	if err != nil {
-		return fmt.Errorf("qmp: %s: encode arguments: %w", cmd, err)
+		return err
 	}
 	m.log.WithField("qmp_cmd", cmd).Debug("qmp command through libvirt")
 	reply, err := call(ctx, m.dom, func(d *libvirt.Domain) (string, error) {
 		if f == nil {
-			return d.QemuMonitorCommand(string(data), libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
+			return d.QemuMonitorCommand(string(req), libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
 		}
-		s, _, err := d.QemuMonitorCommandWithFiles(string(data), []os.File{*f}, libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
+		s, _, err := d.QemuMonitorCommandWithFiles(string(req), []os.File{*f}, libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
 		return s, err
 	})
 	if err != nil {
 		return fmt.Errorf("qmp: %s: %w", cmd, err)
 	}
-	var r struct {
-		Return json.RawMessage `json:"return"`
-		Error  *struct {
-			Class string `json:"class"`
-			Desc  string `json:"desc"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal([]byte(reply), &r); err != nil {
-		return fmt.Errorf("qmp: %s: decode reply %.80q: %w", cmd, reply, err)
-	}
-	if r.Error != nil {
-		return &qmp.Error{Command: cmd, Class: r.Error.Class, Desc: r.Error.Desc}
-	}
-	if result == nil {
-		return nil
-	}
-	if err := json.Unmarshal(r.Return, result); err != nil {
-		return fmt.Errorf("qmp: %s: decode reply: %w", cmd, err)
-	}
-	return nil
-}
-
-func (m monitor) queryMigrate(ctx context.Context) (qmp.MigrationInfo, error) {
-	var info qmp.MigrationInfo
-	err := m.execute(ctx, qmp.CmdQueryMigrate, nil, &info)
-	return info, err
-}
-
-func (m monitor) setIgnoreShared(ctx context.Context) error {
-	caps := []qmp.Capability{{Name: qmp.CapXIgnoreShared, State: true}}
-	return m.execute(ctx, qmp.CmdMigrateSetCapabilities, map[string]any{"capabilities": caps}, nil)
-}
-
-// passFile hands f to QEMU under name, for an "fd:name" migration URI. QEMU
-// keeps its own copy, so the caller closes f.
-func (m monitor) passFile(ctx context.Context, name string, f *os.File) error {
-	return m.executeWithFile(ctx, qmp.CmdGetFD, map[string]string{"fdname": name}, f, nil)
-}
-
-// waitMigration polls query-migrate until the migration ends. Every terminal
-// state is handled; when ctx ends, an outgoing migration is cancelled (the
-// libvirt job is ours, made by passthrough, so libvirt would not abort it).
-func (m monitor) waitMigration(ctx context.Context, outgoing bool) (qmp.MigrationInfo, error) {
-	start := time.Now()
-	t := time.NewTicker(migrationPoll)
-	defer t.Stop()
-	last := ""
-	for {
-		info, err := m.queryMigrate(ctx)
-		if err != nil {
-			if ctx.Err() != nil && outgoing {
-				m.cancelMigration()
-			}
-			return info, fmt.Errorf("wait for migration (last status %q after %v): %w", last, time.Since(start).Round(time.Millisecond), err)
-		}
-		if info.Status != last {
-			m.log.WithField("status", info.Status).Debug("migration status")
-			last = info.Status
-		}
-		switch info.Status {
-		case qmp.MigrationCompleted:
-			return info, nil
-		case qmp.MigrationFailed, qmp.MigrationCancelled:
-			desc := info.ErrorDesc
-			if desc == "" {
-				desc = info.Status
-			}
-			return info, fmt.Errorf("wait for migration: %w: %s", qmp.ErrMigrationFailed, desc)
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			if outgoing {
-				m.cancelMigration()
-			}
-			return info, fmt.Errorf("wait for migration (last status %q after %v): %w", last, time.Since(start).Round(time.Millisecond), ctx.Err())
-		}
-	}
-}
-
-func (m monitor) cancelMigration() {
-	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
-	defer cancel()
-	if err := m.execute(ctx, qmp.CmdMigrateCancel, nil, nil); err != nil {
-		m.log.WithError(err).Debug("migrate_cancel failed")
-	}
+	return qmp.DecodeReply(cmd, []byte(reply), result)
 }
 
 // agentTransport carries guest-agent requests over virDomainQemuAgentCommand,

@@ -5,8 +5,6 @@ package libvirtdrv
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -31,18 +29,9 @@ func (d *Driver) DropLayer(ctx context.Context, m *vmfork.Machine, layer string)
 		return fmt.Errorf("machine %q: %w", m.Name, vmfork.ErrNotRunning)
 	}
 	defer dom.Free()
-	chain, err := overlay.Chain(m.Paths.Disk)
-	if err != nil {
-		return err
-	}
-	k := -1
-	for i, l := range chain {
-		if i > 0 && sameFile(l.Path, layer) {
-			k = i
-		}
-	}
-	if k < 0 {
-		return nil // not in the chain (any more)
+	chain, k, err := overlay.FindLayer(m.Paths.Disk, layer)
+	if err != nil || k <= 0 {
+		return err // nil when not below the top (any more)
 	}
 	_, live, err := liveXML(ctx, dom, 0)
 	if err != nil {
@@ -50,7 +39,7 @@ func (d *Driver) DropLayer(ctx context.Context, m *vmfork.Machine, layer string)
 	}
 	disk := ""
 	for _, x := range live.Devices.Disks {
-		if x.Source != nil && x.Source.File != nil && sameFile(x.Source.File.File, m.Paths.Disk) {
+		if x.Source != nil && x.Source.File != nil && overlay.SameFile(x.Source.File.File, m.Paths.Disk) {
 			disk = diskName(&x)
 		}
 	}
@@ -72,32 +61,13 @@ func (d *Driver) DropLayer(ctx context.Context, m *vmfork.Machine, layer string)
 	if chain, err = overlay.Chain(m.Paths.Disk); err != nil {
 		return err
 	}
-	for _, l := range chain[1:] {
-		if sameFile(l.Path, layer) {
-			return fmt.Errorf("drop layer %s: the block pull ended but the layer is still in %s's chain", layer, m.Name)
-		}
+	if overlay.LayerIndex(chain, layer) > 0 {
+		return fmt.Errorf("drop layer %s: the block pull ended but the layer is still in %s's chain", layer, m.Name)
 	}
-	removeUnchained(m, chain)
+	// QEMU closed the earlier tops with the pull; each only kept a dropped
+	// template disk alive under a second name.
+	overlay.RemoveUnchained(m.Paths.Dir, chain)
 	return nil
-}
-
-// removeUnchained removes the machine's earlier top images that are no layer
-// of its chain any more: QEMU closed them with the pull, and each only kept
-// a dropped template disk alive under a second name.
-func removeUnchained(m *vmfork.Machine, chain []overlay.Layer) {
-	old, err := filepath.Glob(filepath.Join(m.Paths.Dir, "disk*.qcow2"))
-	if err != nil {
-		return
-	}
-	for _, p := range old {
-		used := false
-		for _, l := range chain {
-			used = used || sameFile(p, l.Path)
-		}
-		if !used {
-			os.Remove(p)
-		}
-	}
 }
 
 // waitBlockJob polls until disk has no block job. When ctx ends the job is
@@ -120,13 +90,4 @@ func waitBlockJob(ctx context.Context, dom *libvirt.Domain, disk string) error {
 			return ctx.Err()
 		}
 	}
-}
-
-func sameFile(a, b string) bool {
-	if filepath.Clean(a) == filepath.Clean(b) {
-		return true
-	}
-	sa, err1 := os.Stat(a)
-	sb, err2 := os.Stat(b)
-	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }

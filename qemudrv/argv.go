@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // Fixed ids of the devices and objects every machine has. Device ids and PCI
@@ -24,8 +25,8 @@ const (
 
 // Accelerators.
 const (
-	AccelKVM = "kvm"
-	AccelTCG = "tcg"
+	AccelKVM = templates.AccelKVM
+	AccelTCG = templates.AccelTCG
 )
 
 // ArgvOptions are the per-process choices that are not part of the machine's

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // Name is the driver's name in machine records.
@@ -92,16 +91,14 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
 // fork child's inherited configuration) are kept.
 func (d *Driver) resolve(ctx context.Context, bin string, m *vmfork.Machine) error {
 	if m.Accel == "" {
-		accel, err := chooseAccel()
+		accel, err := templates.ChooseAccel(d.log.WithField("machine", m.Name))
 		if err != nil {
 			return err
 		}
 		m.Accel = accel
-		if accel == AccelTCG && os.Getenv("VMFORK_ACCEL") == "" {
-			d.log.WithField("machine", m.Name).Warn("KVM is not usable here: running under TCG software emulation (slower)")
-		}
 	}
 	if m.Spec.MachineType == "" {
+		// QEMU's own list: this driver runs the binary it asks.
 		mt, err := resolveMachineType(ctx, bin)
 		if err != nil {
 			return err
@@ -109,26 +106,21 @@ func (d *Driver) resolve(ctx context.Context, bin string, m *vmfork.Machine) err
 		m.Spec.MachineType = mt
 	}
 	if m.Spec.CPUModel == "" {
-		// qemu64 runs under both accelerators and migrates between hosts;
-		// "host" would tie a template to this CPU.
-		m.Spec.CPUModel = "qemu64"
+		m.Spec.CPUModel = templates.DefaultCPUModel
 	}
 	if m.Spec.MAC == "" {
-		m.Spec.MAC = randomMAC()
+		m.Spec.MAC = templates.RandomMAC()
 	}
 	return pickPorts(m.Spec.Ports)
 }
 
 // pickPorts checks that requested host ports are free and picks free ones for
 // forwards that left the host port to us (Host == 0).
-func pickPorts(ports []vmfork.PortForward) error {
+func pickPorts(ports []vmfork.PortForward) (err error) {
 	for i := range ports {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", ports[i].Host))
-		if err != nil {
-			return fmt.Errorf("host port %d is not free: %w", ports[i].Host, vmfork.ErrInvalid)
+		if ports[i].Host, err = templates.FreePort(ports[i].Host); err != nil {
+			return fmt.Errorf("%w: %w", err, vmfork.ErrInvalid)
 		}
-		ports[i].Host = l.Addr().(*net.TCPAddr).Port
-		l.Close()
 	}
 	return nil
 }
@@ -172,7 +164,7 @@ func (d *Driver) waitAgent(ctx context.Context, m *vmfork.Machine, p *process) e
 // Status implements vmfork.Driver. It looks at the process only, never at QMP,
 // so it does not queue behind another command holding the monitor.
 func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, error) {
-	if alive(m.PID, m.Paths.QMP) {
+	if templates.Alive(m.PID, m.Paths.QMP) {
 		if m.State == vmfork.StatePaused {
 			return vmfork.StatePaused, nil
 		}
@@ -183,7 +175,7 @@ func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, e
 
 // Agent implements vmfork.Driver.
 func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, error) {
-	if !alive(m.PID, m.Paths.QMP) {
+	if !templates.Alive(m.PID, m.Paths.QMP) {
 		return nil, fmt.Errorf("machine %q: %w", m.Name, vmfork.ErrNotRunning)
 	}
 	actx, cancel := context.WithTimeout(ctx, d.AgentTimeout)
@@ -200,7 +192,7 @@ func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, erro
 // then SIGKILL. With force it kills at once.
 func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error {
 	defer d.removeRuntimeFiles(m)
-	if !alive(m.PID, m.Paths.QMP) {
+	if !templates.Alive(m.PID, m.Paths.QMP) {
 		return nil
 	}
 	log := d.log.WithField("machine", m.Name)
@@ -226,7 +218,7 @@ func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error 
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := waitGone(wctx, m.PID, m.Paths.QMP); err != nil {
+	if err := templates.WaitGone(wctx, m.PID, m.Paths.QMP); err != nil {
 		return fmt.Errorf("QEMU (pid %d) survived SIGKILL: %w", m.PID, err)
 	}
 	return nil
@@ -249,7 +241,7 @@ func (d *Driver) agentShutdown(ctx context.Context, m *vmfork.Machine) error {
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, qmp.ErrClosed) {
 		return err
 	}
-	return waitGone(ctx, m.PID, m.Paths.QMP)
+	return templates.WaitGone(ctx, m.PID, m.Paths.QMP)
 }
 
 // qmpStop sends cmd over QMP and waits up to grace for QEMU to exit.
@@ -264,14 +256,14 @@ func (d *Driver) qmpStop(ctx context.Context, m *vmfork.Machine, cmd string, gra
 	if err := mon.Execute(ctx, cmd, nil, nil); err != nil && !errors.Is(err, qmp.ErrClosed) {
 		return err
 	}
-	return waitGone(ctx, m.PID, m.Paths.QMP)
+	return templates.WaitGone(ctx, m.PID, m.Paths.QMP)
 }
 
 // removeRuntimeFiles removes what only a running QEMU needs: sockets left by
 // a killed process and the machine's own RAM file (its contents mean nothing
 // once the guest is off). A template's RAM file is never touched here.
 func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
-	if alive(m.PID, m.Paths.QMP) {
+	if templates.Alive(m.PID, m.Paths.QMP) {
 		return
 	}
 	for _, p := range []string{m.Paths.QMP, m.Paths.QGA} {
@@ -280,13 +272,7 @@ func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
 	if m.Paths.RAMShared {
 		os.Remove(m.Paths.RAM)
 	}
-	// Earlier top images of a forked machine keep their old names only for
-	// the QEMU that knew them; each also has its template's name.
-	if old, err := filepath.Glob(filepath.Join(m.Paths.Dir, "disk*.qcow2")); err == nil && m.Paths.Disk != "" {
-		for _, p := range old {
-			if p != m.Paths.Disk {
-				os.Remove(p)
-			}
-		}
+	if m.Paths.Disk != "" {
+		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
 	}
 }

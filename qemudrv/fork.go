@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
+	"github.com/vmfork/vmfork/templates"
 )
 
 var _ vmfork.Forker = (*Driver)(nil)
@@ -28,20 +28,17 @@ const (
 	// migrationPoll is how often query-migrate is asked while the (small)
 	// device state streams; the whole save or load takes tens of ms.
 	migrationPoll = 2 * time.Millisecond
-	// rollbackTimeout bounds undoing a failed freeze, even after a cancel.
-	rollbackTimeout = 10 * time.Second
 )
-
-var xIgnoreShared = []qmp.Capability{{Name: qmp.CapXIgnoreShared, State: true}}
 
 // Freeze implements vmfork.Forker. Everything that can be prepared or checked
 // is done before the source is paused; the pause covers only stop, the disk
 // switch, the device-state save, the RAM copy and cont.
 func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template) (fr vmfork.FreezeResult, err error) {
-	if !alive(src.PID, src.Paths.QMP) {
+	if !templates.Alive(src.PID, src.Paths.QMP) {
 		return fr, fmt.Errorf("machine %q: %w", src.Name, vmfork.ErrNotRunning)
 	}
-	mon, err := qmp.Dial(ctx, src.Paths.QMP, qmp.WithLogger(d.log.WithField("machine", src.Name)))
+	log := d.log.WithField("machine", src.Name)
+	mon, err := qmp.Dial(ctx, src.Paths.QMP, qmp.WithLogger(log))
 	if err != nil {
 		return fr, fmt.Errorf("connect to QMP: %w", err)
 	}
@@ -51,61 +48,36 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
-
-	start := time.Now()
-	if err := mon.Stop(ctx); err != nil {
-		return fr, fmt.Errorf("pause: %w", err)
+	release, err := qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
+	if err != nil {
+		return fr, err
 	}
-	// undo holds one step per completed change, run in reverse on error. Its
-	// first step resumes the source: a source is never left paused.
-	undo := []func(context.Context) error{mon.Cont}
-	defer func() {
-		if err == nil {
-			return
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		defer cancel()
-		for i := len(undo) - 1; i >= 0; i-- {
-			if uerr := undo[i](rctx); uerr != nil {
-				if i == 0 {
-					err = fmt.Errorf("%w; resuming failed too: %v: %w", err, uerr, vmfork.ErrStillPaused)
-				} else {
-					err = fmt.Errorf("%w; rollback: %v", err, uerr)
-				}
-			}
-		}
-	}()
+	defer release()
+
+	w, err := sharedmem.Pause(ctx, sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused})
+	if err != nil {
+		return fr, err
+	}
+	defer w.Rollback(ctx, &err)
 	if src.Spec.Disk != "" {
-		if err := switchDisk(ctx, mon, src, t, prep, &undo); err != nil {
+		if err := switchDisk(ctx, mon, src, t, prep, w); err != nil {
 			return fr, fmt.Errorf("switch disk: %w", err)
 		}
 	}
-	if err := mon.Migrate(ctx, "fd:"+devStateFD); err != nil {
+	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log)); err != nil {
 		return fr, fmt.Errorf("save device state: %w", err)
 	}
-	if _, err := mon.WaitMigration(ctx, migrationPoll); err != nil {
-		return fr, fmt.Errorf("save device state: %w", err)
-	}
-	if src.Paths.RAMShared {
-		st, err := sharedmem.Freeze(ctx, src.Paths.RAM, t.Paths.RAM)
-		if err != nil {
-			return fr, err
-		}
-		fr.RAMCopiedBytes = st.CopiedBytes
-	} else if err := sharedmem.CreateEmpty(t.Paths.RAM, int64(src.Spec.MemoryMiB)<<20); err != nil {
-		// A fork child's RAM is private, so the device state above carried
-		// all of it; the template's RAM file only has to exist.
+	fr.RAMCopiedBytes, err = sharedmem.SaveRAM(ctx, src.Paths.RAM, t.Paths.RAM, src.Paths.RAMShared, int64(src.Spec.MemoryMiB)<<20)
+	if err != nil {
 		return fr, err
 	}
-	if err := mon.Cont(ctx); err != nil {
-		return fr, fmt.Errorf("resume: %w: %w", err, vmfork.ErrStillPaused)
+	if fr.Pause, err = w.Resume(ctx); err != nil {
+		return fr, err
 	}
-	undo = nil
-	fr.Pause = time.Since(start)
 	if st, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = st.Size()
 	}
-	d.log.WithFields(logrus.Fields{"machine": src.Name, "template": t.ID, "pause": fr.Pause}).Debug("frozen")
+	log.WithFields(logrus.Fields{"template": t.ID, "pause": fr.Pause}).Debug("frozen")
 	return fr, nil
 }
 
@@ -118,19 +90,13 @@ type freezePrep struct {
 
 func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template) (p *freezePrep, err error) {
 	p = &freezePrep{cleanup: func() {}}
-	info, err := mon.QueryMigrate(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("query migration: %w", err)
-	}
-	if len(info.BlockedReasons) > 0 {
-		return nil, fmt.Errorf("QEMU refuses to save this machine's state: %s (detach such devices before forking): %w",
-			strings.Join(info.BlockedReasons, "; "), vmfork.ErrUnsupported)
-	}
-	if err := mon.MigrateSetCapabilities(ctx, xIgnoreShared); err != nil {
-		return nil, fmt.Errorf("set %s: %w", qmp.CapXIgnoreShared, err)
+	if err := qmp.PrepareSave(ctx, mon); errors.Is(err, qmp.ErrMigrationBlocked) {
+		return nil, fmt.Errorf("%w: %w", err, vmfork.ErrUnsupported)
+	} else if err != nil {
+		return nil, err
 	}
 	t.Manifest = manifestOf(src, mon.Greeting())
-	if t.VMGenID, err = mon.QueryVMGenerationID(ctx); err != nil {
+	if t.VMGenID, err = qmp.QueryVMGenerationID(ctx, mon); err != nil {
 		return nil, fmt.Errorf("query vmgenid: %w", err)
 	}
 	t.Manifest.RAMSharedWithChildren = src.Paths.RAMShared
@@ -142,7 +108,7 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		if err != nil {
 			return nil, err
 		}
-		if p.next, err = nextTopPath(src); err != nil {
+		if p.next, err = overlay.NextTop(filepath.Dir(src.Paths.Disk)); err != nil {
 			return nil, err
 		}
 		if err := overlay.CreateOn(ctx, t.Paths.Disk, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
@@ -154,24 +120,6 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 			}
 		}
 	}
-	f, err := os.OpenFile(t.Paths.DevState, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		p.cleanup()
-		return nil, fmt.Errorf("create device-state file: %w", err)
-	}
-	defer f.Close()
-	if err := mon.GetFD(ctx, devStateFD, f); err != nil {
-		p.cleanup()
-		return nil, fmt.Errorf("pass device-state file: %w", err)
-	}
-	prev := p.cleanup
-	p.cleanup = func() {
-		prev()
-		// Harmless when migrate already took the fd.
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		mon.CloseFD(cctx, devStateFD)
-	}
 	return p, nil
 }
 
@@ -181,11 +129,11 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 // QEMU reopens images by the file name it knows (when a node changes between
 // read-write and read-only), so no name QEMU has seen may ever point to
 // another file. The new top has a new name for the same reason.
-func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, undo *[]func(context.Context) error) error {
+func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, p *freezePrep, w *sharedmem.PauseWindow) error {
 	if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
 		return err
 	}
-	*undo = append(*undo, func(context.Context) error { return os.Remove(t.Paths.Disk) })
+	w.OnFailure(func(context.Context) error { return os.Remove(t.Paths.Disk) })
 	node := fmt.Sprintf("top%x", time.Now().UnixNano())
 	add := map[string]any{
 		"driver": "qcow2", "node-name": node, "backing": nil,
@@ -195,7 +143,7 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 	if err := mon.Execute(ctx, "blockdev-add", add, nil); err != nil {
 		return err
 	}
-	*undo = append(*undo, func(ctx context.Context) error {
+	w.OnFailure(func(ctx context.Context) error {
 		return mon.Execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil)
 	})
 	if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": p.topNode, "overlay": node}, nil); err != nil {
@@ -204,21 +152,8 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 	// From here the source writes to its new overlay, on top of the frozen
 	// disk; that cannot be undone, and need not be: only cont remains.
 	src.Paths.Disk = p.next
-	*undo = (*undo)[:1]
+	w.Keep()
 	return nil
-}
-
-// nextTopPath names the overlay a source moves to at its next fork:
-// disk.qcow2, disk.1.qcow2, disk.2.qcow2, ... in the machine's directory.
-func nextTopPath(m *vmfork.Machine) (string, error) {
-	dir := filepath.Dir(m.Paths.Disk)
-	for n := 1; n < 1<<20; n++ {
-		p := filepath.Join(dir, fmt.Sprintf("disk.%d.qcow2", n))
-		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("no free overlay name in %s", dir)
 }
 
 // topNode returns the node name of the top image of the machine's disk.
@@ -303,10 +238,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	// Capabilities are global to the QEMU process and outlive this
 	// connection; the device-state fd is passed in Complete, because QEMU
 	// keeps getfd descriptors per monitor connection state.
-	if err := mon.MigrateSetCapabilities(ctx, xIgnoreShared); err != nil {
-		return fmt.Errorf("set %s: %w", qmp.CapXIgnoreShared, err)
-	}
-	return nil
+	return qmp.SetIgnoreShared(ctx, mon)
 }
 
 // Complete implements vmfork.Pooler: it loads the device state into a
@@ -314,19 +246,20 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 // is killed.
 func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Template) (err error) {
 	defer func() {
-		if err != nil && alive(m.PID, m.Paths.QMP) {
+		if err != nil && templates.Alive(m.PID, m.Paths.QMP) {
 			syscall.Kill(m.PID, syscall.SIGKILL)
 		}
 	}()
-	mon, err := qmp.Dial(ctx, m.Paths.QMP, qmp.WithLogger(d.log.WithField("machine", m.Name)))
+	log := d.log.WithField("machine", m.Name)
+	mon, err := qmp.Dial(ctx, m.Paths.QMP, qmp.WithLogger(log))
 	if err != nil {
 		return fmt.Errorf("connect to QMP: %w", err)
 	}
 	defer mon.Close()
-	if err := d.loadDeviceState(ctx, mon, t); err != nil {
+	if err := qmp.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, qmp.WithLogger(log)); err != nil {
 		// A QEMU that rejects the stream exits: its log says why.
 		time.Sleep(100 * time.Millisecond)
-		if !alive(m.PID, m.Paths.QMP) {
+		if !templates.Alive(m.PID, m.Paths.QMP) {
 			return fmt.Errorf("load device state: %w", exitError(nil, m.Paths.Log))
 		}
 		return fmt.Errorf("load device state: %w", err)
@@ -340,23 +273,6 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		return fmt.Errorf("resume child: %w", err)
 	}
 	return nil
-}
-
-func (d *Driver) loadDeviceState(ctx context.Context, mon *qmp.Monitor, t *vmfork.Template) error {
-	f, err := os.Open(t.Paths.DevState)
-	if err != nil {
-		return err
-	}
-	err = mon.GetFD(ctx, devStateFD, f)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if err := mon.MigrateIncoming(ctx, "fd:"+devStateFD); err != nil {
-		return err
-	}
-	_, err = mon.WaitMigration(ctx, migrationPoll)
-	return err
 }
 
 // dialQMP connects to a QEMU that is starting: its socket appears a little
@@ -383,7 +299,7 @@ func dialQMP(ctx context.Context, path string, p *process, logPath string, log *
 
 // Resume implements vmfork.Forker.
 func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
-	if !alive(m.PID, m.Paths.QMP) {
+	if !templates.Alive(m.PID, m.Paths.QMP) {
 		return nil
 	}
 	mon, err := qmp.Dial(ctx, m.Paths.QMP)

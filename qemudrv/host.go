@@ -2,47 +2,12 @@ package qemudrv
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
-
-// chooseAccel picks the accelerator: VMFORK_ACCEL (kvm or tcg) if set,
-// else KVM when it is usable, else TCG.
-func chooseAccel() (string, error) {
-	switch v := os.Getenv("VMFORK_ACCEL"); v {
-	case AccelKVM, AccelTCG:
-		return v, nil
-	case "":
-	default:
-		return "", fmt.Errorf("VMFORK_ACCEL=%q: want kvm or tcg", v)
-	}
-	if kvmUsable() {
-		return AccelKVM, nil
-	}
-	return AccelTCG, nil
-}
-
-// kvmUsable reports whether /dev/kvm can be opened for reading and writing
-// and the CPU has hardware virtualization (vmx or svm). Both are needed:
-// some sandboxes offer a /dev/kvm for para-virtualized guests only (PVM),
-// on which an ordinary guest kernel hangs at boot.
-func kvmUsable() bool {
-	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
-	}
-	unix.Close(fd)
-	cpuinfo, err := os.ReadFile("/proc/cpuinfo")
-	return err == nil && hwVirtPattern.Match(cpuinfo)
-}
-
-var hwVirtPattern = regexp.MustCompile(`(?m)^flags\s*:.*\b(vmx|svm)\b`)
 
 var aliasPattern = regexp.MustCompile(`(?m)^q35\s.*\(alias of (pc-q35-[0-9.]+)\)`)
 
@@ -67,13 +32,6 @@ func stderrOf(err error) string {
 		return ": " + strings.TrimSpace(string(ee.Stderr))
 	}
 	return ""
-}
-
-// randomMAC returns a MAC in QEMU's 52:54:00 range with three random bytes.
-func randomMAC() string {
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", b[0], b[1], b[2])
 }
 
 // qemuBinary finds qemu-system-x86_64; VMFORK_QEMU overrides it (tests stub

@@ -1,13 +1,10 @@
 package qemudrv
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -82,42 +79,6 @@ func logTail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
-}
-
-// alive reports whether pid is a live (not zombie) process whose command line
-// contains marker. The marker (the machine's QMP socket path) guards against
-// a PID that was reused by another process after QEMU exited.
-func alive(pid int, marker string) bool {
-	if pid <= 0 {
-		return false
-	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !bytes.Contains(cmdline, []byte(marker)) {
-		return false
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// The state is the field after the parenthesised command name.
-	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z' && stat[i+2] != 'X'
-	}
-	return true
-}
-
-// waitGone polls until alive(pid, marker) is false or ctx ends.
-func waitGone(ctx context.Context, pid int, marker string) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for alive(pid, marker) {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
 }
 
 func shellQuote(args []string) string {

@@ -4,15 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/templates"
 )
 
 var _ vmfork.LayerDropper = (*Driver)(nil)
@@ -23,21 +20,12 @@ var _ vmfork.LayerDropper = (*Driver)(nil)
 // untouched for the children that still read them; the machine just stops
 // reading them.
 func (d *Driver) DropLayer(ctx context.Context, m *vmfork.Machine, layer string) error {
-	if !alive(m.PID, m.Paths.QMP) {
+	if !templates.Alive(m.PID, m.Paths.QMP) {
 		return fmt.Errorf("machine %q: %w", m.Name, vmfork.ErrNotRunning)
 	}
-	chain, err := overlay.Chain(m.Paths.Disk)
-	if err != nil {
-		return err
-	}
-	k := -1
-	for i, l := range chain {
-		if i > 0 && sameFile(l.Path, layer) {
-			k = i
-		}
-	}
-	if k < 0 {
-		return nil // not in the chain (any more)
+	chain, k, err := overlay.FindLayer(m.Paths.Disk, layer)
+	if err != nil || k <= 0 {
+		return err // nil when not below the top (any more)
 	}
 	mon, err := qmp.Dial(ctx, m.Paths.QMP, qmp.WithLogger(d.log.WithField("machine", m.Name)))
 	if err != nil {
@@ -70,28 +58,10 @@ func (d *Driver) DropLayer(ctx context.Context, m *vmfork.Machine, layer string)
 	if err := waitJob(ctx, mon, events, job); err != nil {
 		return err
 	}
-	removeStaleNames(m)
+	if chain, err := overlay.Chain(m.Paths.Disk); err == nil {
+		overlay.RemoveUnchained(m.Paths.Dir, chain)
+	}
 	return nil
-}
-
-// removeStaleNames removes the old names of earlier top images in m's
-// directory that are no longer in its disk chain. (Names of layers still in
-// the chain stay: QEMU may reopen a layer by the name it knows.)
-func removeStaleNames(m *vmfork.Machine) {
-	chain, err := overlay.Chain(m.Paths.Disk)
-	if err != nil {
-		return
-	}
-	old, _ := filepath.Glob(filepath.Join(m.Paths.Dir, "disk*.qcow2"))
-	for _, p := range old {
-		inChain := false
-		for _, l := range chain {
-			inChain = inChain || sameFile(p, l.Path)
-		}
-		if !inChain {
-			os.Remove(p)
-		}
-	}
 }
 
 // waitJob waits for block job id to finish; an error in its
@@ -139,17 +109,9 @@ func nodeOf(ctx context.Context, mon *qmp.Monitor, path string) (string, error) 
 		return "", fmt.Errorf("query block nodes: %w", err)
 	}
 	for _, n := range nodes {
-		if n.Drv != "file" && sameFile(n.File, path) {
+		if n.Drv != "file" && overlay.SameFile(n.File, path) {
 			return n.NodeName, nil
 		}
 	}
 	return "", fmt.Errorf("no QEMU block node for %s", path)
-}
-
-func sameFile(a, b string) bool {
-	var sa, sb unix.Stat_t
-	if unix.Stat(a, &sa) != nil || unix.Stat(b, &sb) != nil {
-		return false
-	}
-	return sa.Dev == sb.Dev && sa.Ino == sb.Ino
 }

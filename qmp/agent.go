@@ -2,11 +2,9 @@ package qmp
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
-	goqmp "github.com/digitalocean/go-qemu/qmp"
 	"github.com/sirupsen/logrus"
 )
 
@@ -52,23 +50,16 @@ func (a *Agent) Close() error { return a.t.Close() }
 // ignores the return value, and an error reply is an *Error. Do not send commands that never reply
 // (guest-shutdown, guest-suspend-*): the call would wait for a reply until ctx ends.
 func (a *Agent) Execute(ctx context.Context, cmd string, args, result any) error {
-	req, err := json.Marshal(goqmp.Command{Execute: cmd, Args: omitNil(args)})
+	req, err := EncodeCommand(cmd, args)
 	if err != nil {
-		return fmt.Errorf("qmp: %s: encode arguments: %w", cmd, err)
+		return err
 	}
 	a.log.WithField("qga_cmd", cmd).Debug("qga command")
 	raw, err := a.t.Command(ctx, req)
 	if err != nil {
 		return fmt.Errorf("qmp: %s: %w", cmd, err)
 	}
-	var reply struct {
-		Return json.RawMessage `json:"return"`
-		Error  *errorBody      `json:"error"`
-	}
-	if err := json.Unmarshal(raw, &reply); err != nil {
-		return fmt.Errorf("qmp: %s: decode reply %.80q: %w", cmd, raw, err)
-	}
-	return decodeReply(cmd, reply.Return, reply.Error, result)
+	return DecodeReply(cmd, raw, result)
 }
 
 // Ping checks that the agent answers.

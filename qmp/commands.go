@@ -66,12 +66,20 @@ func (m *Monitor) QueryStatus(ctx context.Context) (Status, error) {
 // GetFD passes f to QEMU under name, for use as "fd:name" in a migration URI. QEMU keeps its own
 // duplicate, so the caller may close f afterwards; CloseFD releases QEMU's copy.
 func (m *Monitor) GetFD(ctx context.Context, name string, f *os.File) error {
-	return m.ExecuteWithFile(ctx, CmdGetFD, map[string]string{"fdname": name}, f, nil)
+	return getFD(ctx, m, name, f)
+}
+
+func getFD(ctx context.Context, ex Executor, name string, f *os.File) error {
+	return ex.ExecuteWithFile(ctx, CmdGetFD, map[string]string{"fdname": name}, f, nil)
 }
 
 // CloseFD closes the descriptor QEMU holds under name.
 func (m *Monitor) CloseFD(ctx context.Context, name string) error {
-	return m.Execute(ctx, CmdCloseFD, map[string]string{"fdname": name}, nil)
+	return closeFD(ctx, m, name)
+}
+
+func closeFD(ctx context.Context, ex Executor, name string) error {
+	return ex.Execute(ctx, CmdCloseFD, map[string]string{"fdname": name}, nil)
 }
 
 // BlockdevSnapshot describes a blockdev-snapshot-sync: QEMU creates File as a new image whose
@@ -118,13 +126,18 @@ func (m *Monitor) Quit(ctx context.Context) error {
 	return err
 }
 
+// QueryVMGenerationID is the package's QueryVMGenerationID on this connection.
+func (m *Monitor) QueryVMGenerationID(ctx context.Context) (string, error) {
+	return QueryVMGenerationID(ctx, m)
+}
+
 // QueryVMGenerationID returns the vmgenid device's GUID. Each child gets its own from guid=auto
 // on its command line: the GUID is not migrated.
-func (m *Monitor) QueryVMGenerationID(ctx context.Context) (string, error) {
+func QueryVMGenerationID(ctx context.Context, ex Executor) (string, error) {
 	var r struct {
 		GUID string `json:"guid"`
 	}
-	if err := m.Execute(ctx, CmdQueryVMGenerationID, nil, &r); err != nil {
+	if err := ex.Execute(ctx, CmdQueryVMGenerationID, nil, &r); err != nil {
 		return "", err
 	}
 	if r.GUID == "" {

@@ -35,6 +35,13 @@
 // queued events. Waiters (WaitMigration, WaitEvent) therefore notice a QEMU that died mid-wait
 // immediately instead of at their deadline.
 //
+// # Sequences over an Executor
+//
+// The device-state save and load (PrepareSave, CreateSaveFile, SaveDeviceState, LoadDeviceState)
+// and WaitMigration take an Executor, the two-method core of Monitor, not a *Monitor: where
+// libvirt owns the QMP socket, its driver runs the same sequences through libvirt's monitor
+// passthrough, encoding and decoding with EncodeCommand and DecodeReply.
+//
 // # Why not go-qemu's SocketMonitor
 //
 // go-qemu's qmp.SocketMonitor (github.com/digitalocean/go-qemu @ ee9b066) is not used as the

@@ -63,23 +63,32 @@ type MigrationRAM struct {
 // MigrateSetCapabilities sets migration capabilities. They must be set before migrate or
 // migrate-incoming, identically on both ends.
 func (m *Monitor) MigrateSetCapabilities(ctx context.Context, caps []Capability) error {
+	return setCapabilities(ctx, m, caps)
+}
+
+func setCapabilities(ctx context.Context, ex Executor, caps []Capability) error {
 	args := struct {
 		Capabilities []Capability `json:"capabilities"`
 	}{caps}
-	return m.Execute(ctx, CmdMigrateSetCapabilities, args, nil)
+	return ex.Execute(ctx, CmdMigrateSetCapabilities, args, nil)
 }
 
 // Migrate starts an outgoing migration to uri and returns once it has started; WaitMigration
 // waits for the end. QEMU 7.2 takes tcp:, unix:, vsock:, rdma:, exec: and fd: URIs but not file:
 // (QEMU 8.2). exec: runs /bin/sh -c and dies under libvirt's seccomp; prefer fd: with GetFD.
 func (m *Monitor) Migrate(ctx context.Context, uri string) error {
-	return m.Execute(ctx, CmdMigrate, map[string]string{"uri": uri}, nil)
+	return migrate(ctx, m, CmdMigrate, uri)
+}
+
+// migrate runs cmd, migrate or migrate-incoming, with uri.
+func migrate(ctx context.Context, ex Executor, cmd, uri string) error {
+	return ex.Execute(ctx, cmd, map[string]string{"uri": uri}, nil)
 }
 
 // MigrateIncoming starts loading a migration stream from uri into a QEMU started with
 // -incoming defer. A failed load makes that QEMU exit, which WaitMigration reports as ErrClosed.
 func (m *Monitor) MigrateIncoming(ctx context.Context, uri string) error {
-	return m.Execute(ctx, CmdMigrateIncoming, map[string]string{"uri": uri}, nil)
+	return migrate(ctx, m, CmdMigrateIncoming, uri)
 }
 
 // MigrateCancel cancels the outgoing migration; its state goes through "cancelling" to "cancelled".
@@ -89,20 +98,41 @@ func (m *Monitor) MigrateCancel(ctx context.Context) error {
 
 // QueryMigrate reports the state of the current or last migration.
 func (m *Monitor) QueryMigrate(ctx context.Context) (MigrationInfo, error) {
+	return queryMigrate(ctx, m)
+}
+
+func queryMigrate(ctx context.Context, ex Executor) (MigrationInfo, error) {
 	var info MigrationInfo
-	err := m.Execute(ctx, CmdQueryMigrate, nil, &info)
+	err := ex.Execute(ctx, CmdQueryMigrate, nil, &info)
 	return info, err
+}
+
+// WaitMigration is the package's WaitMigration on this connection, logging each state change.
+func (m *Monitor) WaitMigration(ctx context.Context, poll time.Duration) (MigrationInfo, error) {
+	return WaitMigration(ctx, m, poll, WithLogger(m.log))
 }
 
 // WaitMigration polls query-migrate every poll until the migration reaches a terminal state, and
 // returns the last MigrationInfo in every case. "completed" returns a nil error; "failed" and
-// "cancelled" return an error wrapping ErrMigrationFailed with QEMU's error-desc; QEMU exiting
-// mid-wait (a failed incoming load does that) returns an error wrapping ErrClosed as soon as the
-// socket closes, not at the next tick; ctx ending returns ctx.Err() wrapped with the last state.
+// "cancelled" return an error wrapping ErrMigrationFailed with QEMU's error-desc; ctx ending
+// returns ctx.Err() wrapped with the last state. On a *Monitor, QEMU exiting mid-wait (a failed
+// incoming load does that) returns an error wrapping ErrClosed as soon as the socket closes, not
+// at the next tick. WithLogger logs each state change.
 //
-// Call it after Migrate or MigrateIncoming has returned: before that the state is "none", which is
-// not treated as terminal because an incoming QEMU reports it until the stream starts.
-func (m *Monitor) WaitMigration(ctx context.Context, poll time.Duration) (MigrationInfo, error) {
+// Call it after migrate or migrate-incoming has returned: before that the state is "none", which
+// is not treated as terminal because an incoming QEMU reports it until the stream starts.
+func WaitMigration(ctx context.Context, ex Executor, poll time.Duration, opts ...Option) (MigrationInfo, error) {
+	log := buildOptions(opts).log
+	// An Executor that knows when its connection ends (a *Monitor) ends the wait at once; for
+	// another, a QEMU that exits fails the next query-migrate.
+	var done <-chan struct{}
+	connErr := func() error { return ErrClosed }
+	if c, ok := ex.(interface {
+		Done() <-chan struct{}
+		Err() error
+	}); ok {
+		done, connErr = c.Done(), c.Err
+	}
 	start := time.Now()
 	ticker := time.NewTicker(poll)
 	defer ticker.Stop()
@@ -110,13 +140,13 @@ func (m *Monitor) WaitMigration(ctx context.Context, poll time.Duration) (Migrat
 	last := ""
 	for {
 		var err error
-		info, err = m.QueryMigrate(ctx)
+		info, err = queryMigrate(ctx, ex)
 		if err != nil {
 			return info, fmt.Errorf("qmp: wait for migration (last status %q after %v): %w",
 				last, time.Since(start).Round(time.Millisecond), err)
 		}
 		if info.Status != last {
-			m.log.WithField("status", info.Status).Debug("qmp: migration status")
+			log.WithField("status", info.Status).Debug("qmp: migration status")
 			last = info.Status
 		}
 		switch info.Status {
@@ -133,9 +163,9 @@ func (m *Monitor) WaitMigration(ctx context.Context, poll time.Duration) (Migrat
 		}
 		select {
 		case <-ticker.C:
-		case <-m.done:
+		case <-done:
 			return info, fmt.Errorf("qmp: wait for migration (last status %q after %v): %w",
-				last, time.Since(start).Round(time.Millisecond), m.Err())
+				last, time.Since(start).Round(time.Millisecond), connErr())
 		case <-ctx.Done():
 			return info, fmt.Errorf("qmp: wait for migration (last status %q after %v): %w",
 				last, time.Since(start).Round(time.Millisecond), ctx.Err())

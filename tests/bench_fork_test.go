@@ -21,6 +21,7 @@ import (
 	"github.com/vmfork/vmfork/qemudrv"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
+	"github.com/vmfork/vmfork/tests/bench"
 )
 
 // forkBenchRow is one round: a fork of one child, and the floor measured
@@ -50,68 +51,25 @@ func BenchmarkFork(b *testing.B) {
 	e.exec("src", "vmfork-counter", "start")
 	time.Sleep(2 * time.Second)
 
-	var rows []forkBenchRow
-	var children []int
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		name := "c" + strconv.Itoa(i)
-		var row forkBenchRow
-		fork := func() {
-			var res forkIDJSON
-			e.jsonOK(&res, "fork", "src", name)
-			c := res.Children[0]
-			row.PauseMS, row.RunningMS, row.ReadyMS = res.PauseMS, c.RunningMS, c.ReadyMS
-			row.IdentityMS = map[string]float64{}
-			for _, s := range c.Identity.Steps {
-				row.IdentityMS[s.Name] = s.DurationMS
-			}
-			children = append(children, c.PID)
-			n, err := overlay.AllocatedBytes(filepath.Join(e.stateDir, "machines", name, "disk.qcow2"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			row.DiskAtBirth = n
+	fork := func(name string) (row forkBenchRow, pid int) {
+		var res forkIDJSON
+		e.jsonOK(&res, "fork", "src", name)
+		c := res.Children[0]
+		row.PauseMS, row.RunningMS, row.ReadyMS = res.PauseMS, c.RunningMS, c.ReadyMS
+		row.IdentityMS = map[string]float64{}
+		for _, s := range c.Identity.Steps {
+			row.IdentityMS[s.Name] = s.DurationMS
 		}
-		// Alternate which goes first, so neither always meets a warmer cache.
-		if i%2 == 0 {
-			fork()
-			row.FloorMS = floor(b, e, name)
-		} else {
-			row.FloorMS = floor(b, e, "c"+strconv.Itoa(i-1))
-			fork()
-		}
-		rows = append(rows, row)
+		row.DiskAtBirth = diskAtBirth(b, e.stateDir, name)
+		return row, c.PID
 	}
-	b.StopTimer()
+	rows, children := forkRounds(b, func(i int) string { return "c" + strconv.Itoa(i) }, fork,
+		func(child string, _ int) float64 { return floor(b, e, child) })
+	srcRSS, pss := childMemory(b, src.PID, children)
 
-	time.Sleep(3 * time.Second) // let children run and touch memory
-	srcMem, err := sharedmem.ReadRollup(src.PID)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var pss []float64
-	for _, pid := range children {
-		r, err := sharedmem.ReadRollup(pid)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pss = append(pss, float64(r.PSS)/(1<<20))
-	}
-
-	col := func(f func(forkBenchRow) float64) float64 {
-		var v []float64
-		for _, r := range rows {
-			v = append(v, f(r))
-		}
-		return median(v)
-	}
-	pause := col(func(r forkBenchRow) float64 { return r.PauseMS })
-	running := col(func(r forkBenchRow) float64 { return r.RunningMS })
-	ready := col(func(r forkBenchRow) float64 { return r.ReadyMS })
-	floorMS := col(func(r forkBenchRow) float64 { return r.FloorMS })
-	disk := col(func(r forkBenchRow) float64 { return float64(r.DiskAtBirth) / 1024 })
-	childPSS := median(pss)
-	srcRSS := float64(srcMem.RSS) / (1 << 20)
+	md := mediansOf(rows)
+	pause, running, ready, floorMS, disk := md.PauseMS, md.RunningMS, md.ReadyMS, md.FloorMS, md.DiskKiB
+	childPSS := bench.Median(pss)
 
 	b.ReportMetric(pause, "pause-ms")
 	b.ReportMetric(running, "child-running-ms")
@@ -122,32 +80,117 @@ func BenchmarkFork(b *testing.B) {
 	b.ReportMetric(srcRSS, "source-rss-MiB")
 	b.ReportMetric(disk, "child-disk-KiB")
 
+	row := func(k, v string) { fmt.Printf("%-34s %10s\n", k, v) }
 	fmt.Printf("\nvmfork fork, test guest 256 MiB, %d rounds (medians), accel %s\n", len(rows), accelOf(e))
-	fmt.Printf("%-34s %10s\n", "source pause", fmt.Sprintf("%.1f ms", pause))
-	fmt.Printf("%-34s %10s\n", "child running (vmfork)", fmt.Sprintf("%.1f ms", running))
-	fmt.Printf("%-34s %10s\n", "floor (bare QEMU -incoming defer)", fmt.Sprintf("%.1f ms", floorMS))
-	fmt.Printf("%-34s %10s\n", "child running / floor", fmt.Sprintf("%.2fx", running/floorMS))
-	fmt.Printf("%-34s %10s\n", "child ready (agent answers)", fmt.Sprintf("%.1f ms", ready))
-	fmt.Printf("%-34s %10s\n", "child PSS", fmt.Sprintf("%.1f MiB", childPSS))
-	fmt.Printf("%-34s %10s\n", "source RSS", fmt.Sprintf("%.1f MiB", srcRSS))
-	fmt.Printf("%-34s %10s\n", "child PSS / source RSS", fmt.Sprintf("%.2f", childPSS/srcRSS))
-	fmt.Printf("%-34s %10s\n", "child disk at birth", fmt.Sprintf("%.0f KiB", disk))
+	row("source pause", fmt.Sprintf("%.1f ms", pause))
+	row("child running (vmfork)", fmt.Sprintf("%.1f ms", running))
+	row("floor (bare QEMU -incoming defer)", fmt.Sprintf("%.1f ms", floorMS))
+	row("child running / floor", fmt.Sprintf("%.2fx", running/floorMS))
+	row("child ready (agent answers)", fmt.Sprintf("%.1f ms", ready))
+	row("child PSS", fmt.Sprintf("%.1f MiB", childPSS))
+	row("source RSS", fmt.Sprintf("%.1f MiB", srcRSS))
+	row("child PSS / source RSS", fmt.Sprintf("%.2f", childPSS/srcRSS))
+	row("child disk at birth", fmt.Sprintf("%.0f KiB", disk))
 	fmt.Printf("identity chain, per step:\n")
 	for _, st := range rows[0].Identity() {
-		v := col(func(r forkBenchRow) float64 { return r.IdentityMS[st] })
+		v := medianOf(rows, func(r forkBenchRow) float64 { return r.IdentityMS[st] })
 		b.ReportMetric(v, "id-"+strings.TrimPrefix(st, "vmfork.")+"-ms")
-		fmt.Printf("%-34s %10s\n", "  "+st, fmt.Sprintf("%.1f ms", v))
+		row("  "+st, fmt.Sprintf("%.1f ms", v))
 	}
 
-	if out := os.Getenv("VMFORK_BENCH_JSON"); out != "" {
-		data, _ := json.MarshalIndent(map[string]any{
-			"guest_memory_mib": 256, "accel": accelOf(e), "rounds": rows, "child_pss_mib": pss,
-			"source_rss_mib": srcRSS, "median_pause_ms": pause, "median_child_running_ms": running,
-			"median_child_ready_ms": ready, "median_floor_ms": floorMS,
-		}, "", "  ")
-		if err := os.WriteFile(out, data, 0o644); err != nil {
+	writeBenchJSON(b, map[string]any{
+		"guest_memory_mib": 256, "accel": accelOf(e), "rounds": rows, "child_pss_mib": pss,
+		"source_rss_mib": srcRSS, "median_pause_ms": pause, "median_child_running_ms": running,
+		"median_child_ready_ms": ready, "median_floor_ms": floorMS,
+	})
+}
+
+// forkRounds runs the b.N rounds of a fork benchmark. Round i forks child
+// name(i) and measures the floor next to it: after the fork in even rounds,
+// before it (for the previous child) in odd ones, so that neither always
+// meets a warmer cache. It returns the rows and the children's pids.
+func forkRounds(b *testing.B, name func(round int) string, fork func(name string) (forkBenchRow, int),
+	floor func(child string, round int) float64) (rows []forkBenchRow, pids []int) {
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		var row forkBenchRow
+		var pid int
+		if i%2 == 0 {
+			row, pid = fork(name(i))
+			row.FloorMS = floor(name(i), i)
+		} else {
+			floorMS := floor(name(i-1), i)
+			row, pid = fork(name(i))
+			row.FloorMS = floorMS
+		}
+		rows, pids = append(rows, row), append(pids, pid)
+	}
+	b.StopTimer()
+	return rows, pids
+}
+
+// diskAtBirth is what child name's disk overlay holds right after its fork.
+func diskAtBirth(b *testing.B, stateDir, name string) int64 {
+	b.Helper()
+	n, err := overlay.AllocatedBytes(filepath.Join(stateDir, "machines", name, "disk.qcow2"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// childMemory lets the children run and touch memory for a while, then
+// returns the source's RSS and each child's PSS, in MiB.
+func childMemory(b *testing.B, srcPID int, children []int) (srcRSS float64, pss []float64) {
+	b.Helper()
+	time.Sleep(3 * time.Second)
+	src, err := sharedmem.ReadRollup(srcPID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, pid := range children {
+		r, err := sharedmem.ReadRollup(pid)
+		if err != nil {
 			b.Fatal(err)
 		}
+		pss = append(pss, float64(r.PSS)/(1<<20))
+	}
+	return float64(src.RSS) / (1 << 20), pss
+}
+
+// forkMedians are the medians of a fork benchmark's rows.
+type forkMedians struct {
+	PauseMS, RunningMS, ReadyMS, FloorMS, DiskKiB float64
+}
+
+func mediansOf(rows []forkBenchRow) forkMedians {
+	return forkMedians{
+		PauseMS:   medianOf(rows, func(r forkBenchRow) float64 { return r.PauseMS }),
+		RunningMS: medianOf(rows, func(r forkBenchRow) float64 { return r.RunningMS }),
+		ReadyMS:   medianOf(rows, func(r forkBenchRow) float64 { return r.ReadyMS }),
+		FloorMS:   medianOf(rows, func(r forkBenchRow) float64 { return r.FloorMS }),
+		DiskKiB:   medianOf(rows, func(r forkBenchRow) float64 { return float64(r.DiskAtBirth) / 1024 }),
+	}
+}
+
+// medianOf is the median of one column of rows.
+func medianOf(rows []forkBenchRow, col func(forkBenchRow) float64) float64 {
+	var v []float64
+	for _, r := range rows {
+		v = append(v, col(r))
+	}
+	return bench.Median(v)
+}
+
+// writeBenchJSON writes a benchmark's figures to VMFORK_BENCH_JSON, if set.
+func writeBenchJSON(b *testing.B, figures map[string]any) {
+	out := os.Getenv("VMFORK_BENCH_JSON")
+	if out == "" {
+		return
+	}
+	data, _ := json.MarshalIndent(figures, "", "  ")
+	if err := os.WriteFile(out, data, 0o644); err != nil {
+		b.Fatal(err)
 	}
 }
 
@@ -160,18 +203,6 @@ func (r forkBenchRow) Identity() []string {
 	order := []string{"vmfork.agent", "vmfork.clock", "vmfork.rng", "vmfork.hostname", "vmfork.machine-id", "vmfork.ssh-host-keys", "vmfork.network", "vmfork.hooks"}
 	slices.SortFunc(names, func(a, b string) int { return slices.Index(order, a) - slices.Index(order, b) })
 	return names
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func accelOf(e *env) string {
@@ -233,22 +264,10 @@ func floor(b *testing.B, e *env, name string) float64 {
 		time.Sleep(time.Millisecond)
 	}
 	defer mon.Close()
-	if err := mon.MigrateSetCapabilities(ctx, []qmp.Capability{{Name: qmp.CapXIgnoreShared, State: true}}); err != nil {
+	if err := qmp.SetIgnoreShared(ctx, mon); err != nil {
 		b.Fatal(err)
 	}
-	f, err := os.Open(filepath.Join(tplDir, "devstate"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	err = mon.GetFD(ctx, "st", f)
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := mon.MigrateIncoming(ctx, "fd:st"); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := mon.WaitMigration(ctx, time.Millisecond); err != nil {
+	if err := qmp.LoadDeviceState(ctx, mon, "st", filepath.Join(tplDir, "devstate"), time.Millisecond); err != nil {
 		b.Fatal(err)
 	}
 	if err := mon.Cont(ctx); err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/libvirtdrv"
 	"github.com/vmfork/vmfork/overlay"
-	"github.com/vmfork/vmfork/sharedmem"
+	"github.com/vmfork/vmfork/tests/bench"
 )
 
 // BenchmarkForkLibvirt is BenchmarkFork for the libvirt driver: it forks a
@@ -35,64 +35,27 @@ func BenchmarkForkLibvirt(b *testing.B) {
 	d.run(src.Name, "vmfork-counter", "start")
 	time.Sleep(2 * time.Second)
 
-	var rows []forkBenchRow
+	fork := func(name string) (row forkBenchRow, pid int) {
+		var res forkJSON
+		d.cliJSON(&res, "fork", src.Name, name)
+		c := res.Children[0]
+		row.PauseMS, row.RunningMS, row.ReadyMS = res.PauseMS, c.RunningMS, c.ReadyMS
+		row.DiskAtBirth = diskAtBirth(b, d.stateDir, name)
+		return row, c.PID
+	}
 	var virshMS []float64
-	var children []int
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		name := d.n("c" + strconv.Itoa(i))
-		var row forkBenchRow
-		fork := func() {
-			var res forkJSON
-			d.cliJSON(&res, "fork", src.Name, name)
-			c := res.Children[0]
-			row.PauseMS, row.RunningMS, row.ReadyMS = res.PauseMS, c.RunningMS, c.ReadyMS
-			children = append(children, c.PID)
-			n, err := overlay.AllocatedBytes(filepath.Join(d.stateDir, "machines", name, "disk.qcow2"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			row.DiskAtBirth = n
-		}
-		if i%2 == 0 {
-			fork()
-			row.FloorMS = libvirtFloor(b, d, name, i)
-		} else {
-			row.FloorMS = libvirtFloor(b, d, d.n("c"+strconv.Itoa(i-1)), i)
-			fork()
-		}
+	floor := func(child string, round int) float64 {
+		ms := libvirtFloor(b, d, child, round)
 		virshMS = append(virshMS, timeMS(b, "virsh", "-c", libvirtURI, "uri"))
-		rows = append(rows, row)
+		return ms
 	}
-	b.StopTimer()
+	rows, children := forkRounds(b, func(i int) string { return d.n("c" + strconv.Itoa(i)) }, fork, floor)
+	srcRSS, pss := childMemory(b, d.machines()[src.Name].PID, children)
 
-	time.Sleep(3 * time.Second) // let children run and touch memory
-	srcMem, err := sharedmem.ReadRollup(d.machines()[src.Name].PID)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var pss []float64
-	for _, pid := range children {
-		r, err := sharedmem.ReadRollup(pid)
-		if err != nil {
-			b.Fatal(err)
-		}
-		pss = append(pss, float64(r.PSS)/(1<<20))
-	}
-	col := func(f func(forkBenchRow) float64) float64 {
-		var v []float64
-		for _, r := range rows {
-			v = append(v, f(r))
-		}
-		return median(v)
-	}
-	pause := col(func(r forkBenchRow) float64 { return r.PauseMS })
-	running := col(func(r forkBenchRow) float64 { return r.RunningMS })
-	ready := col(func(r forkBenchRow) float64 { return r.ReadyMS })
-	create := col(func(r forkBenchRow) float64 { return r.FloorMS })
-	disk := col(func(r forkBenchRow) float64 { return float64(r.DiskAtBirth) / 1024 })
-	virshBase := median(virshMS)
-	childPSS, srcRSS := median(pss), float64(srcMem.RSS)/(1<<20)
+	// The floor here is libvirt's create of the child's domain.
+	md := mediansOf(rows)
+	pause, running, ready, create, disk := md.PauseMS, md.RunningMS, md.ReadyMS, md.FloorMS, md.DiskKiB
+	virshBase, childPSS := bench.Median(virshMS), bench.Median(pss)
 
 	b.ReportMetric(pause, "pause-ms")
 	b.ReportMetric(running, "child-running-ms")
@@ -116,16 +79,11 @@ func BenchmarkForkLibvirt(b *testing.B) {
 	row("child PSS / source RSS", fmt.Sprintf("%.2f", childPSS/srcRSS))
 	row("child disk at birth", fmt.Sprintf("%.0f KiB", disk))
 
-	if out := os.Getenv("VMFORK_BENCH_JSON"); out != "" {
-		data, _ := json.MarshalIndent(map[string]any{
-			"driver": "libvirt", "guest_memory_mib": 256, "rounds": rows, "child_pss_mib": pss, "source_rss_mib": srcRSS,
-			"median_pause_ms": pause, "median_child_running_ms": running, "median_child_ready_ms": ready,
-			"median_libvirt_create_paused_ms": create, "median_virsh_connect_ms": virshBase,
-		}, "", "  ")
-		if err := os.WriteFile(out, data, 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
+	writeBenchJSON(b, map[string]any{
+		"driver": "libvirt", "guest_memory_mib": 256, "rounds": rows, "child_pss_mib": pss, "source_rss_mib": srcRSS,
+		"median_pause_ms": pause, "median_child_running_ms": running, "median_child_ready_ms": ready,
+		"median_libvirt_create_paused_ms": create, "median_virsh_connect_ms": virshBase,
+	})
 }
 
 // libvirtFloor times `virsh create --paused` of the domain XML vmfork gives a

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/qemudrv"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // Config says where the test guest is and where reports go.
@@ -208,39 +209,18 @@ func (e *Env) untrack(pid int) {
 // killOwned SIGKILLs pid if it still runs with marker in its argv (so a
 // recycled PID is never hit) and waits until it is gone.
 func killOwned(pid int, marker string) error {
-	if !ownedBy(pid, marker) {
+	if !templates.Alive(pid, marker) {
 		return nil
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill pid %d: %w", pid, err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ownedBy(pid, marker); {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pid %d survived SIGKILL", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := templates.WaitGone(ctx, pid, marker); err != nil {
+		return fmt.Errorf("pid %d survived SIGKILL: %w", pid, err)
 	}
 	return nil
-}
-
-// ownedBy reports whether pid is alive (not a zombie) and has marker in its
-// command line.
-func ownedBy(pid int, marker string) bool {
-	if pid <= 0 {
-		return false
-	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !bytes.Contains(cmdline, []byte(marker)) {
-		return false
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z' && stat[i+2] != 'X'
-	}
-	return true
 }
 
 // processesMentioning lists QEMU processes whose argv contains one of the
