@@ -1,5 +1,7 @@
 // Package sharedmem freezes guest RAM into template files and accounts for
-// the memory that fork children share.
+// the memory that fork children share. It also holds the pause window of a
+// freeze (window.go), which both drivers use to keep a source from ever
+// being left paused.
 //
 // A forkable machine maps its RAM file on tmpfs share=on: the file is the
 // guest's memory. Freeze copies that file, while the guest is paused, into a
