@@ -274,6 +274,7 @@ func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest,
 	results := mg.startChildren(ctx, forker, t, children, true, req)
 	done()
 	res, err := mg.forkOutcome(req.Source, t, children, results)
+	res.PauseMS = 0 // nothing was paused: the source paid at the save
 	if perr := mg.fillPool(ctx, t); perr != nil {
 		mg.Log.WithError(perr).Warn("could not refill the warm pool")
 	}

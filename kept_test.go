@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmfork/vmfork/customize"
 )
@@ -30,7 +31,9 @@ func newPoolManager(t *testing.T) (*Manager, *poolDriver) {
 // Freeze records a vmgenid, as QEMU's would be.
 func (d *poolDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
 	t.VMGenID = "11111111-2222-3333-4444-555555555555"
-	return d.linkDriver.Freeze(ctx, src, t)
+	fr, err := d.linkDriver.Freeze(ctx, src, t)
+	fr.Pause = 5 * time.Millisecond
+	return fr, err
 }
 
 func (d *poolDriver) Prestart(ctx context.Context, m *Machine, t *Template) error {
@@ -104,8 +107,9 @@ func TestKeepThenForkTakesThePoolFirst(t *testing.T) {
 	if res.Source != "golden" || res.Template != tpl.ID || len(res.Children) != 3 {
 		t.Fatalf("result = %+v, want 3 children of golden from %s", res, tpl.ID)
 	}
-	if d.freezeSeen != 1 {
-		t.Errorf("source frozen %d times, want once (at save)", d.freezeSeen)
+	if d.freezeSeen != 1 || tpl.PauseMS != 5 || res.PauseMS != 0 {
+		t.Errorf("source frozen %d times (pause %v ms at the save, %v ms in the fork), want once, at the save",
+			d.freezeSeen, tpl.PauseMS, res.PauseMS)
 	}
 	if len(d.completed) != 2 || len(d.started) != 1 {
 		t.Errorf("from the pool %v, cold %v; want 2 and 1", d.completed, d.started)

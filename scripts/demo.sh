@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The vmfork demo: boots the test guest with a counter running in it, forks it
 # into three children, and shows that every child continues the same counter
-# process from the instant of the fork, then goes its own way.
+# process from the instant of the fork, then goes its own way; then keeps an
+# instant as a template with a warm pool and forks from it later.
 # Run it with `make demo`. It uses a state dir and mem dir of its own and
 # removes them, and every machine it made, at the end.
 set -euo pipefail
@@ -11,7 +12,8 @@ guest=${VMFORK_GUEST:-tests/guest/out}
 export VMFORK_STATE_DIR=${VMFORK_STATE_DIR:-$(mktemp -d /tmp/vmfork-demo.XXXXXX)}
 export VMFORK_MEM_DIR=${VMFORK_MEM_DIR:-$(mktemp -d /dev/shm/vmfork-demo.XXXXXX)}
 cleanup() {
-  "$bin" -q rm --force demo demo-1 demo-2 demo-3 >/dev/null 2>&1 || true
+  "$bin" -q template rm golden >/dev/null 2>&1 || true
+  "$bin" -q rm --force demo demo-1 demo-2 demo-3 golden-1 golden-2 >/dev/null 2>&1 || true
   rm -rf "$VMFORK_STATE_DIR" "$VMFORK_MEM_DIR"
 }
 trap cleanup EXIT
@@ -64,5 +66,15 @@ echo
 echo "Two seconds later each machine went its own way (demo-2's counter was stopped):"
 table
 
+echo
+echo "Keep this instant of demo as a template, with two QEMU processes started ahead;"
+echo "children forked from it later continue from here, the source untouched:"
+run "$bin" -q template save demo golden --pool 2
+run "$bin" exec demo -- sh -c 'echo "written after the save" > /data/note'
+run "$bin" -q fork golden --count 2
+run "$bin" exec golden-1 -- cat /data/note
+run "$bin" template ls
+
 run "$bin" ls
-run "$bin" rm demo-1 demo-2 demo-3 demo
+run "$bin" -q template rm golden
+run "$bin" rm demo-1 demo-2 demo-3 golden-1 golden-2 demo

@@ -115,7 +115,11 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 }
 
 func printFork(res *vmfork.ForkResult) {
-	fmt.Printf("forked %s at template %s (source paused %.1f ms)\n", res.Source, res.Template, res.PauseMS)
+	if res.PauseMS > 0 {
+		fmt.Printf("forked %s at template %s (source paused %.1f ms)\n", res.Source, res.Template, res.PauseMS)
+	} else {
+		fmt.Printf("forked %s at template %s (nothing paused)\n", res.Source, res.Template)
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHILD\tSTATE\tPID\tRUNNING\tREADY\tPORTS\tHOSTNAME\tMAC\tADDRESSES")
 	for _, c := range res.Children {
