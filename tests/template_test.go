@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -124,6 +125,25 @@ func TestKeptTemplateWithPool(t *testing.T) {
 	if got := e.exec("grandchild", "cat", "/data/mark", "/run/at-save"); got != "grand\nsaved\n" {
 		t.Errorf("grandchild sees %q", got)
 	}
+
+	// A pool process that died is skipped, not handed out, and replaced.
+	pool = e.poolPIDs()
+	if len(pool) != 2 {
+		t.Fatalf("pool pids = %v, want 2 after the refill", pool)
+	}
+	if err := syscall.Kill(pool[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(pool[0], e.stateDir, 10*time.Second)
+	var more forkJSON
+	e.jsonOK(&more, "fork", "golden", "after-kill")
+	if len(more.Children) != 1 || more.Children[0].PID != pool[1] {
+		t.Errorf("fork after a pool process died = %+v, want it from the live one (pid %d)", more, pool[1])
+	}
+	if got := e.template("golden"); got.Pooled != 2 {
+		t.Errorf("pool after the fork: %d live, want 2 again", got.Pooled)
+	}
+	e.ok("rm", "after-kill")
 
 	// Bad input changes nothing.
 	if r := e.vmfork("template", "save", "src", "golden"); r.code != 2 {
