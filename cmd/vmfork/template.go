@@ -80,6 +80,9 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 var templateLsCommand = &cli.Command{
 	Name:  "ls",
 	Usage: "list templates: kept ones, and live forks' that children still map",
+	Description: `For each template: its name if kept, its id, source, guest RAM size, the RAM
+its frozen file holds, how many running children map it, and its warm pool
+(live processes / size).`,
 	Flags: []cli.Flag{jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
 		ctx, cancel := appContext(cliCtx)
@@ -113,7 +116,11 @@ var templatePoolCommand = &cli.Command{
 	Name:      "pool",
 	Usage:     "set how many processes kept template NAME keeps started ahead",
 	ArgsUsage: "NAME SIZE",
-	Flags:     []cli.Flag{jsonFlag},
+	Description: `Starts or stops processes so that SIZE of them wait for forks from kept
+template NAME (0 stops them all). Each holds some tens of MiB while it waits.
+
+   vmfork template pool golden 8`,
+	Flags: []cli.Flag{jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 2 {
 			return usageError{errors.New("template pool needs a template and a size: vmfork template pool NAME SIZE")}
@@ -147,7 +154,10 @@ var templateRmCommand = &cli.Command{
 	Name:      "rm",
 	Usage:     "give up kept template NAME; its memory goes once no child maps it",
 	ArgsUsage: "NAME",
-	Flags:     []cli.Flag{jsonFlag},
+	Description: `Stops NAME's warm pool and gives the name up: no new child can be forked from
+it. Its children run on; its RAM, device state and frozen disk are removed
+once no child maps its RAM and no other disk builds on its frozen disk.`,
+	Flags: []cli.Flag{jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("template rm needs a template name: vmfork template rm NAME")}
