@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/overlay"
 )
 
 // A kept template is a fork point with a name: `vmfork template save SRC
@@ -230,8 +230,8 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 		Name: t.Name, ID: t.ID, Source: t.Source, Created: t.Created, MemoryMiB: t.Spec.MemoryMiB,
 		HasMemory: t.HasMemory, PauseMS: t.PauseMS, PoolSize: t.PoolSize,
 	}
-	if fi, err := os.Stat(t.Paths.RAM); err == nil && t.HasMemory {
-		st.RAMBytes = allocatedBytes(fi)
+	if t.HasMemory {
+		st.RAMBytes, _ = overlay.AllocatedBytes(t.Paths.RAM)
 	}
 	for _, m := range ms {
 		if m.Template == t.ID && m.State != StateStopped {
@@ -300,12 +300,4 @@ func (mg *Manager) forkOutcome(source string, t *Template, children []*Machine, 
 		return res, fmt.Errorf("fork %q: %d of %d children came up; failed: %s: %w",
 			source, len(res.Children), len(children), failedSummary(res.Failed), ErrPartial)
 	}
-}
-
-// allocatedBytes is what a (sparse) file holds on its file system.
-func allocatedBytes(fi os.FileInfo) int64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512
-	}
-	return fi.Size()
 }

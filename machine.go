@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmfork/vmfork/templates"
 )
 
 // State is a machine's lifecycle state as recorded in the store.
@@ -97,6 +99,30 @@ type Spec struct {
 	MachineType string `json:"machine_type,omitempty"` // versioned, e.g. pc-q35-7.2
 	CPUModel    string `json:"cpu_model,omitempty"`
 	MAC         string `json:"mac,omitempty"`
+}
+
+// FillProfile sets what a spec leaves open and does not depend on the
+// driver: the CPU model, a MAC, and free host ports for the forwards that
+// left theirs to vmfork. Both drivers call it once the machine type is known.
+func (s *Spec) FillProfile() error {
+	if s.CPUModel == "" {
+		s.CPUModel = templates.DefaultCPUModel
+	}
+	if s.MAC == "" {
+		s.MAC = templates.RandomMAC()
+	}
+	return PickPorts(s.Ports)
+}
+
+// PickPorts checks that requested host ports are free and picks free ones
+// for forwards that left the host port to vmfork (Host == 0).
+func PickPorts(ports []PortForward) (err error) {
+	for i := range ports {
+		if ports[i].Host, err = templates.FreePort(ports[i].Host); err != nil {
+			return fmt.Errorf("%w: %w", err, ErrInvalid)
+		}
+	}
+	return nil
 }
 
 // Limits on a Spec.

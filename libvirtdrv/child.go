@@ -33,7 +33,7 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}
-	if err := pickPorts(child.Spec.Ports); err != nil {
+	if err := vmfork.PickPorts(child.Spec.Ports); err != nil {
 		return err
 	}
 	def, err := ChildXML(string(srcXML), child, d.metadata(child, t))

@@ -147,15 +147,9 @@ func (d *Driver) resolve(ctx context.Context, m *vmfork.Machine) error {
 		}
 		m.Spec.MachineType = mt
 	}
-	if m.Spec.CPUModel == "" {
-		m.Spec.CPUModel = templates.DefaultCPUModel
-	}
-	if m.Spec.MAC == "" {
-		m.Spec.MAC = templates.RandomMAC()
-	}
 	// libvirt's type='user' interface forwards ports only with the passt
 	// backend; vmfork adds slirp forwards over QMP once QEMU runs.
-	return pickPorts(m.Spec.Ports)
+	return m.Spec.FillProfile()
 }
 
 // machineType asks libvirt what "q35" stands for: records keep the versioned

@@ -5,21 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
-
-	"github.com/vmfork/vmfork"
-	"github.com/vmfork/vmfork/templates"
 )
-
-// pickPorts checks that requested host ports are free and picks free ones for
-// forwards that left the host port open (Host == 0).
-func pickPorts(ports []vmfork.PortForward) (err error) {
-	for i := range ports {
-		if ports[i].Host, err = templates.FreePort(ports[i].Host); err != nil {
-			return fmt.Errorf("%w: %w", err, vmfork.ErrInvalid)
-		}
-	}
-	return nil
-}
 
 // qemuPID reads the QEMU pid of a running system domain from libvirt's pid
 // file. It returns 0 where there is none (a session or remote daemon): the

@@ -105,24 +105,7 @@ func (d *Driver) resolve(ctx context.Context, bin string, m *vmfork.Machine) err
 		}
 		m.Spec.MachineType = mt
 	}
-	if m.Spec.CPUModel == "" {
-		m.Spec.CPUModel = templates.DefaultCPUModel
-	}
-	if m.Spec.MAC == "" {
-		m.Spec.MAC = templates.RandomMAC()
-	}
-	return pickPorts(m.Spec.Ports)
-}
-
-// pickPorts checks that requested host ports are free and picks free ones for
-// forwards that left the host port to us (Host == 0).
-func pickPorts(ports []vmfork.PortForward) (err error) {
-	for i := range ports {
-		if ports[i].Host, err = templates.FreePort(ports[i].Host); err != nil {
-			return fmt.Errorf("%w: %w", err, vmfork.ErrInvalid)
-		}
-	}
-	return nil
+	return m.Spec.FillProfile()
 }
 
 // waitAgent waits until the guest agent answers, QEMU exits, or ctx ends.

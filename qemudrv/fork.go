@@ -211,7 +211,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err != nil {
 		return err
 	}
-	if err := pickPorts(m.Spec.Ports); err != nil {
+	if err := vmfork.PickPorts(m.Spec.Ports); err != nil {
 		return err
 	}
 	p, err := spawn(bin, Argv(m, ArgvOptions{Incoming: true}), m.Paths.Log)

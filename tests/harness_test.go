@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork/templates"
 )
 
 // guest is the built test guest.
@@ -184,24 +186,14 @@ func (e *env) cleanup() {
 	os.RemoveAll(e.memDir)
 }
 
-// ownedQEMU reports whether pid is alive and was started with our state dir.
+// ownedQEMU reports whether pid is a live QEMU started with our state dir.
 func ownedQEMU(pid int, stateDir string) bool {
-	if pid <= 0 {
+	if !templates.Alive(pid, stateDir) {
 		return false
 	}
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !bytes.Contains(cmdline, []byte(stateDir)) {
-		return false
-	}
-	if argv0, _, _ := bytes.Cut(cmdline, []byte{0}); !bytes.Contains(argv0, []byte("qemu-system")) {
-		return false
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+	argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+	return err == nil && bytes.Contains(argv0, []byte("qemu-system"))
 }
 
 func waitExit(pid int, stateDir string, d time.Duration) bool {

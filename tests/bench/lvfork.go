@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/vmfork/vmfork"
@@ -241,11 +240,8 @@ func ramMapping(line string, size int64) string {
 }
 
 // allocatedBytes is how much of a (sparse) file is allocated: for a
-// template's RAM, what the freeze copied.
+// template's RAM, what the freeze copied; 0 when there is no file.
 func allocatedBytes(path string) int64 {
-	var st syscall.Stat_t
-	if path == "" || syscall.Stat(path, &st) != nil {
-		return 0
-	}
-	return st.Blocks * 512
+	n, _ := overlay.AllocatedBytes(path)
+	return n
 }

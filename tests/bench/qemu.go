@@ -106,26 +106,13 @@ func (e *Env) spawnFromTemplate(ctx context.Context, child, label string) (q *ba
 
 // setCaps turns on x-ignore-shared, which both ends of a template load need.
 func (q *bareQEMU) setCaps(ctx context.Context) error {
-	return q.mon.MigrateSetCapabilities(ctx, []qmp.Capability{{Name: qmp.CapXIgnoreShared, State: true}})
+	return qmp.SetIgnoreShared(ctx, q.mon)
 }
 
 // load streams the template's device state in through a passed fd and
-// waits until the load completed.
+// waits until the load completed: vmfork's own sequence (qmp.LoadDeviceState).
 func (q *bareQEMU) load(ctx context.Context) error {
-	f, err := os.Open(q.tpl.Paths.DevState)
-	if err != nil {
-		return err
-	}
-	err = q.mon.GetFD(ctx, "st", f)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if err := q.mon.MigrateIncoming(ctx, "fd:st"); err != nil {
-		return err
-	}
-	_, err = q.mon.WaitMigration(ctx, time.Millisecond)
-	return err
+	return qmp.LoadDeviceState(ctx, q.mon, "st", q.tpl.Paths.DevState, time.Millisecond)
 }
 
 // waitAgent waits until the guest agent answers a ping, as vmfork's own
