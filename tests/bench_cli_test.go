@@ -1,0 +1,138 @@
+//go:build integration
+
+package tests
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// benchDirs lists the run directories `vmfork bench` makes, and the QEMU
+// processes that use any.
+func benchDirs() []string {
+	a, _ := filepath.Glob("/var/tmp/vmfork-bench-*")
+	b, _ := filepath.Glob("/dev/shm/vmfork-bench-*")
+	for _, pid := range qemuMentioning("/vmfork-bench-") {
+		a = append(a, "qemu pid "+strconv.Itoa(pid))
+	}
+	return append(a, b...)
+}
+
+// TestBenchPeersSmoke runs `vmfork bench peers` once, small, on the real
+// guest: a guest filled with data, a live fork, the floor and a kept
+// template's warm pool each make a child that is measured, and the run
+// leaves nothing behind. The figures themselves are the benchmark's, not a
+// test's: only their presence is checked.
+func TestBenchPeersSmoke(t *testing.T) {
+	e := newEnv(t)
+	before := benchDirs()
+	cmd := exec.Command(e.bin, "bench", "peers", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
+		"--rounds", "1", "--methods", "vmfork,floor,kept_template", "--no-libvirt", "--guest-use", "40M",
+		"--settle", "200ms", "--json")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("vmfork bench peers: %v\n%s", err, out)
+	}
+	var res struct {
+		Sizes []struct {
+			GuestUseMiB int     `json:"guest_use_mib"`
+			KeptPauseMS float64 `json:"kept_pause_ms"`
+			Summary     []struct {
+				Method    string  `json:"method"`
+				Samples   int     `json:"samples"`
+				RunningMS float64 `json:"running_ms"`
+				ReadyMS   float64 `json:"ready_ms"`
+				PSSBytes  int64   `json:"pss_bytes"`
+				PoolIdle  int64   `json:"pool_idle_pss_bytes"`
+			} `json:"summary"`
+		} `json:"sizes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Sizes) != 1 {
+		t.Fatalf("bench peers --json: %v\n%s", err, out)
+	}
+	sz := res.Sizes[0]
+	if sz.GuestUseMiB != 40 || sz.KeptPauseMS <= 0 {
+		t.Errorf("guest use %d MiB, kept template pause %v ms; want 40 and a measured pause", sz.GuestUseMiB, sz.KeptPauseMS)
+	}
+	var methods []string
+	for _, s := range sz.Summary {
+		methods = append(methods, s.Method)
+		if s.Samples != 1 || s.RunningMS <= 0 || s.ReadyMS < s.RunningMS || s.PSSBytes <= 0 {
+			t.Errorf("%s: %+v, want one sample with running, ready and PSS", s.Method, s)
+		}
+		if s.Method == "kept_template" && s.PoolIdle <= 0 {
+			t.Errorf("kept template: no waiting pool process measured")
+		}
+	}
+	if !slices.Equal(methods, []string{"vmfork", "floor", "kept_template"}) {
+		t.Errorf("methods measured: %v", methods)
+	}
+	waitGoneDirs(t, before)
+}
+
+// TestBenchBurstSmoke runs a burst of three children and checks that all
+// answered and that the run cleaned up.
+func TestBenchBurstSmoke(t *testing.T) {
+	e := newEnv(t)
+	before := benchDirs()
+	out, err := exec.Command(e.bin, "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
+		"--settle", "200ms", "--json").Output()
+	if err != nil {
+		t.Fatalf("vmfork bench burst: %v\n%s", err, out)
+	}
+	var res struct {
+		Count         int       `json:"count"`
+		Ready         int       `json:"ready"`
+		Answered      int       `json:"answered"`
+		ReadyAtMS     []float64 `json:"ready_at_ms"`
+		TotalPSSBytes int64     `json:"total_pss_bytes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("bench burst --json: %v\n%s", err, out)
+	}
+	if res.Count != 3 || res.Ready != 3 || res.Answered != 3 || len(res.ReadyAtMS) != 3 || res.TotalPSSBytes <= 0 {
+		t.Errorf("burst = %+v, want 3 children ready and answering, with their PSS", res)
+	}
+	waitGoneDirs(t, before)
+}
+
+// waitGoneDirs fails the test if bench run directories other than those in
+// before, or QEMU processes using them, are left.
+func waitGoneDirs(t *testing.T, before []string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var left []string
+		for _, d := range benchDirs() {
+			if !slices.Contains(before, d) {
+				left = append(left, d)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("bench left %v", left)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// qemuMentioning lists live QEMU processes whose command line contains s.
+func qemuMentioning(s string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, ent := range entries {
+		if pid, err := strconv.Atoi(ent.Name()); err == nil && ownedQEMU(pid, s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
