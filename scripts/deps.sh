@@ -8,6 +8,8 @@ pkgs=(
   qemu-system-x86 qemu-utils qemu-guest-agent busybox-static
   libvirt-dev libvirt-daemon-system
   cpio e2fsprogs gzip
+  debootstrap dnsmasq-base iproute2 iputils-ping openssh-client
+  ansible-core python3
 )
 # The guest kernel: Debian's generic flavour (it has CONFIG_VMGENID; the cloud
 # flavour does not). tests/guest/build.sh downloads it with apt-get download,
