@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/vmfork/vmfork/templates"
 )
 
 // journalEntry records an operation in flight (a boot or a fork), so that a
@@ -73,7 +75,9 @@ func vmforkAlive(pid int) bool {
 	if err != nil || serr != nil {
 		return false
 	}
-	return bytes.Equal([]byte(exe), []byte(self))
+	// A zombie's exe link is gone already; Running also says so for one
+	// whose link a kernel still shows.
+	return bytes.Equal([]byte(exe), []byte(self)) && templates.Running(pid)
 }
 
 // Recover repairs what interrupted forks left behind: it resumes sources
