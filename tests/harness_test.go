@@ -54,6 +54,12 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvGuest(t, testGuest(t))
+}
+
+// newEnvGuest is newEnv for another guest than the busybox test guest.
+func newEnvGuest(t testing.TB, g guest) *env {
+	t.Helper()
 	bin := os.Getenv("VMFORK_BIN")
 	if bin == "" {
 		t.Fatal("VMFORK_BIN is not set: run the integration tests with `make integration`")
@@ -62,7 +68,7 @@ func newEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, bin: bin, stateDir: t.TempDir(), memDir: memDir, guest: testGuest(t)}
+	e := &env{t: t, bin: bin, stateDir: t.TempDir(), memDir: memDir, guest: g}
 	t.Cleanup(e.cleanup)
 	return e
 }
