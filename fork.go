@@ -131,6 +131,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
+	Fault(FaultForkReserved, src.PID)
 	live := src.State == StateRunning
 	if live {
 		if err = mg.preFork(ctx, src, req.Identity); err == nil {
@@ -146,6 +147,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Info("source frozen")
+	Fault(FaultForkFrozen, src.PID)
 
 	results := mg.startChildren(ctx, forker, f.tpl, f.children, live, req)
 	f.done()
@@ -473,6 +475,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 		if err := mg.adoptMember(c, member); err != nil {
 			return childOutcome{err: err}
 		}
+		Fault(FaultPoolTaken, c.PID)
 		if err := forker.(Pooler).Complete(ctx, c, tpl); err != nil {
 			return childOutcome{err: err}
 		}
@@ -488,16 +491,29 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 		return childOutcome{err: err}
 	}
 	running := time.Since(start)
-	c.State = StateRunning
+	// The child stays "creating" until its identity chain has finished and
+	// its link is up: until then it is its parent's double, and the
+	// journal's repair removes it if this process dies (journal.go).
 	if err := mg.Store.SaveMachine(c); err != nil {
 		return childOutcome{err: err}
 	}
-	result := ChildResult{Name: c.Name, PID: c.PID, State: c.State, Ports: c.Spec.Ports, RunningMS: ms(running)}
+	Fault(FaultForkRunning, c.PID)
+	result := ChildResult{Name: c.Name, PID: c.PID, Ports: c.Spec.Ports, RunningMS: ms(running)}
+	opts.Edit = faultIdentity(opts.Edit, c)
 	id, err := mg.applyIdentity(ctx, c, tpl, index, live, opts)
 	result.Identity = id
 	if err != nil {
-		keep = opts.KeepOnFailure
+		if keep = opts.KeepOnFailure; keep {
+			// Kept on request, link down, for inspection: the fork reports
+			// it failed.
+			c.State = StateRunning
+			mg.Store.SaveMachine(c)
+		}
 		return childOutcome{ChildResult: result, err: fmt.Errorf("identity: %w", err)}
+	}
+	c.State, result.State = StateRunning, StateRunning
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return childOutcome{ChildResult: result, err: err}
 	}
 	result.ReadyMS = ms(time.Since(start))
 	log.WithFields(logrus.Fields{"running_ms": result.RunningMS, "ready_ms": result.ReadyMS}).Info("child ready")

@@ -122,6 +122,7 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	t = f.tpl
 	t.Name, t.PoolSize = req.Name, req.Pool
 	if err = mg.Store.SaveTemplate(t); err == nil {
+		Fault(FaultSaveReserved, src.PID)
 		if err = mg.preFork(ctx, src, req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, forker, src, t)
 		}
@@ -133,6 +134,7 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 		f.abort(ctx, !errors.Is(err, ErrStillPaused))
 		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
 	}
+	Fault(FaultSaveFrozen, src.PID)
 	f.done()
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": t.ID, "name": t.Name, "pause_ms": t.PauseMS}).Info("template kept")
 	if err := mg.fillPool(ctx, t); err != nil {
