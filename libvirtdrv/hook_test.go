@@ -177,7 +177,8 @@ func TestSetupIsIdempotent(t *testing.T) {
 	diskDir := t.TempDir() // not a tmpfs: setup must move RAM to one
 	conf := writeConf(t, "# qemu.conf\nmemory_backing_dir = \""+diskDir+"\"\n")
 	daemon := &fakeDaemon{}
-	opt := SetupOptions{HookDir: hookDir, QEMUConf: conf, Binary: "/usr/bin/vmfork", MemoryBackingDir: "/dev/shm", Daemon: daemon}
+	opt := SetupOptions{HookDir: hookDir, QEMUConf: conf, Binary: "/usr/bin/vmfork", MemoryBackingDir: "/dev/shm", Daemon: daemon,
+		KVMDevice: filepath.Join(t.TempDir(), "no-kvm")}
 
 	dry := opt
 	dry.DryRun = true

@@ -23,6 +23,9 @@ type SetupOptions struct {
 	// current one is not on a tmpfs (default /dev/shm, where vmfork's own
 	// templates live too, so the hook can hard-link them).
 	MemoryBackingDir string
+	// KVMDevice is the device to give udev's group and mode (default
+	// KVMDevice).
+	KVMDevice string
 	// DryRun reports what would change and changes nothing.
 	DryRun bool
 	// Daemon reloads and restarts libvirtd (default: SystemDaemon).
@@ -41,6 +44,9 @@ type SetupResult struct {
 	// Libvirtd is "unchanged", "reloaded" or "restarted" (or, in a dry run,
 	// what would happen).
 	Libvirtd string `json:"libvirtd"`
+	// Problems are what stays wrong after setup, one line each (for
+	// example a /dev/kvm that libvirt's QEMU user still cannot open).
+	Problems []string `json:"problems"`
 }
 
 // Setup makes a libvirt host able to run vmfork's fork children, and is
@@ -52,6 +58,9 @@ type SetupResult struct {
 //   - sets memory_backing_dir in qemu.conf to a tmpfs when the current one is
 //     on disk, so a domain's shared RAM is not written back to disk and its
 //     freeze copies tmpfs to tmpfs;
+//   - gives /dev/kvm the group and mode udev would (kvm, 0660) where the host
+//     has no udev: libvirt whose QEMU user cannot open it re-probes QEMU on
+//     every API call (see kvm.go);
 //   - restarts libvirtd when qemu.conf changed (qemu.conf is read at start
 //     only), else sends it SIGHUP when the hook is new (libvirtd looks for
 //     hooks at start and on SIGHUP).
@@ -68,6 +77,9 @@ func Setup(ctx context.Context, opt SetupOptions) (*SetupResult, error) {
 	if opt.Daemon == nil {
 		opt.Daemon = SystemDaemon{}
 	}
+	if opt.KVMDevice == "" {
+		opt.KVMDevice = KVMDevice
+	}
 	if opt.Binary == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -75,7 +87,15 @@ func Setup(ctx context.Context, opt SetupOptions) (*SetupResult, error) {
 		}
 		opt.Binary = exe
 	}
-	res := &SetupResult{Changes: []string{}, DryRun: opt.DryRun, Libvirtd: "unchanged", Hook: filepath.Join(opt.HookDir, HookName)}
+	res := &SetupResult{Changes: []string{}, Problems: []string{}, DryRun: opt.DryRun, Libvirtd: "unchanged", Hook: filepath.Join(opt.HookDir, HookName)}
+
+	kvmChanged, err := EnsureKVMAccess(opt.KVMDevice, opt.DryRun)
+	if err != nil {
+		return nil, fmt.Errorf("setup: %w", err)
+	}
+	if kvmChanged != "" {
+		res.Changes = append(res.Changes, kvmChanged)
+	}
 
 	hookChanged, err := installHook(res.Hook, hookScript(opt.Binary, opt.QEMUConf), opt.DryRun)
 	if err != nil {
@@ -114,6 +134,15 @@ func Setup(ctx context.Context, opt SetupOptions) (*SetupResult, error) {
 		}
 	}
 	res.Changed = len(res.Changes) > 0
+	if !opt.DryRun || kvmChanged == "" {
+		p, err := KVMProblem(opt.KVMDevice, opt.QEMUConf)
+		if err != nil {
+			return res, fmt.Errorf("setup: %w", err)
+		}
+		if p != "" {
+			res.Problems = append(res.Problems, p)
+		}
+	}
 	return res, nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"syscall"
 
-	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/vmfork/vmfork"
@@ -34,6 +33,10 @@ what it changed (nothing, when run again):
   - installs ` + libvirtdrv.DefaultHookDir + `/` + libvirtdrv.HookName + `, a drop-in that links a fork
     child's frozen template RAM to where libvirt tells QEMU to find guest RAM
     (other domains pass through it untouched);
+  - gives /dev/kvm group kvm and mode 0660, as udev does, where it lacks
+    them (hosts without udev): libvirt whose QEMU user cannot open it
+    re-probes QEMU on every API call, seconds each; the device node is made
+    again at boot, so run setup after each boot on such hosts;
   - sets memory_backing_dir in qemu.conf to a tmpfs when libvirt's RAM
     directory is on disk, and then restarts libvirtd (running domains keep
     running); otherwise sends libvirtd SIGHUP when the hook is new.
@@ -61,6 +64,19 @@ The hook runs this vmfork binary: run setup again after moving it.`,
 		if res == nil {
 			return err
 		}
+		if err == nil && !res.DryRun {
+			// Only a running libvirtd can tell whether it still re-probes.
+			if drv, derr := openLibvirt(cliCtx.String("connect"), "libvirt setup"); derr == nil {
+				if r, ok := drv.(reprober); ok {
+					if p, perr := r.Reprobes(ctx); perr != nil {
+						res.Problems = append(res.Problems, perr.Error())
+					} else if p != "" {
+						res.Problems = append(res.Problems, p)
+					}
+				}
+				closeDriver(drv)
+			}
+		}
 		if cliCtx.Bool("json") {
 			if perr := printJSON(res); perr != nil {
 				return perr
@@ -78,6 +94,9 @@ The hook runs this vmfork binary: run setup again after moving it.`,
 			fmt.Println("nothing to change: libvirt is set up for vmfork")
 		}
 		fmt.Printf("libvirtd: %s\nguest RAM directories: %s\n", res.Libvirtd, res.MemoryBackingDir)
+		for _, p := range res.Problems {
+			fmt.Fprintf(os.Stderr, "vmfork: warning: %s\n", p)
+		}
 		return err
 	},
 }
@@ -89,55 +108,68 @@ type domainChecker interface {
 
 var libvirtCheckCommand = &cli.Command{
 	Name:      "check",
-	Usage:     "say whether a libvirt domain can be forked, and which XML elements to change if not",
-	ArgsUsage: "DOMAIN",
-	Description: `Reads the domain's XML (the live one if it runs) and lists everything that
-stops it from being forked, each with the element to change: guest RAM that
-is not a shared file (<memoryBacking>), a balloon (<memballoon>), devices
-whose state QEMU cannot save (<hostdev>, <shmem>) and so on. Exit code 0
-means forkable. Uses --connect, or qemu:///system.`,
+	Usage:     "say whether this host's libvirt can run forks, and whether a domain can be forked",
+	ArgsUsage: "[DOMAIN]",
+	Description: `Checks the host first: a /dev/kvm that libvirt's QEMU user cannot open
+makes libvirt 9.0 re-probe QEMU on every call (seconds each); the check
+times two calls to tell. With DOMAIN it also reads the domain's XML (the
+live one if it runs) and lists everything that stops it from being forked,
+each with the element to change: guest RAM that is not a shared file
+(<memoryBacking>), a balloon (<memballoon>), devices whose state QEMU
+cannot save (<hostdev>, <shmem>) and so on. Exit code 0 means the host is
+fine and the domain forkable. Uses --connect, or qemu:///system.`,
 	Flags: []cli.Flag{jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
-		if cliCtx.NArg() != 1 {
-			return usageError{fmt.Errorf("libvirt check takes exactly one domain name, got %d arguments", cliCtx.NArg())}
+		if cliCtx.NArg() > 1 {
+			return usageError{fmt.Errorf("libvirt check takes at most one domain name, got %d arguments", cliCtx.NArg())}
 		}
 		name := cliCtx.Args().First()
-		uri := cliCtx.String("connect")
-		if uri == "" {
-			uri = "qemu:///system"
-		}
-		if newLibvirtDriver == nil {
-			return fmt.Errorf("libvirt check: this vmfork was built without libvirt support: %w", vmfork.ErrUnsupported)
-		}
 		ctx, cancel := appContext(cliCtx)
 		defer cancel()
-		drv, err := newLibvirtDriver(uri, logrus.NewEntry(logrus.StandardLogger()))
+		drv, err := openLibvirt(cliCtx.String("connect"), "libvirt check")
 		if err != nil {
 			return err
 		}
-		checker, ok := drv.(domainChecker)
-		if !ok {
-			return fmt.Errorf("libvirt check: driver %q: %w", drv.Name(), vmfork.ErrUnsupported)
-		}
-		err = checker.CheckDomain(ctx, name)
+		defer closeDriver(drv)
+		host := libvirtHostProblems(ctx, drv)
 		var ue *libvirtdrv.UnforkableError
-		if err != nil && !errors.As(err, &ue) {
-			return err
+		if name != "" {
+			checker, ok := drv.(domainChecker)
+			if !ok {
+				return fmt.Errorf("libvirt check: driver %q: %w", drv.Name(), vmfork.ErrUnsupported)
+			}
+			err = checker.CheckDomain(ctx, name)
+			if err != nil && !errors.As(err, &ue) {
+				return err
+			}
 		}
 		if cliCtx.Bool("json") {
 			out := struct {
-				Domain   string               `json:"domain"`
-				Forkable bool                 `json:"forkable"`
-				Problems []libvirtdrv.Problem `json:"problems"`
-			}{Domain: name, Forkable: ue == nil, Problems: []libvirtdrv.Problem{}}
+				Domain       string               `json:"domain,omitempty"`
+				Forkable     bool                 `json:"forkable"`
+				HostOK       bool                 `json:"host_ok"`
+				HostProblems []string             `json:"host_problems"`
+				Problems     []libvirtdrv.Problem `json:"problems"`
+			}{Domain: name, Forkable: name != "" && ue == nil, HostOK: len(host) == 0, HostProblems: host, Problems: []libvirtdrv.Problem{}}
 			if ue != nil {
 				out.Problems = ue.Problems
 			}
 			if perr := printJSON(out); perr != nil {
 				return perr
 			}
-		} else if ue == nil {
-			fmt.Printf("%s can be forked\n", name)
+		} else {
+			for _, p := range host {
+				fmt.Printf("host: %s\n", p)
+			}
+			if len(host) == 0 {
+				fmt.Println("host: libvirt can run vmfork's domains")
+			}
+			if name != "" && ue == nil {
+				fmt.Printf("%s can be forked\n", name)
+			}
+		}
+		if err == nil && len(host) > 0 {
+			err = fmt.Errorf("libvirt check: %s", host[0])
 		}
 		return err
 	},
