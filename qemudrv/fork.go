@@ -67,6 +67,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log)); err != nil {
 		return fr, fmt.Errorf("save device state: %w", err)
 	}
+	vmfork.Fault(vmfork.FaultFreezePaused, src.PID)
 	fr.RAMCopiedBytes, err = sharedmem.SaveRAM(ctx, src.Paths.RAM, t.Paths.RAM, src.Paths.RAMShared, int64(src.Spec.MemoryMiB)<<20)
 	if err != nil {
 		return fr, err

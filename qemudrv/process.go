@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vmfork/vmfork"
 )
 
 // process is a QEMU process this CLI started. done is closed when it exits;
@@ -35,6 +37,7 @@ func spawn(bin string, args []string, logPath string) (*process, error) {
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}
 	p := &process{pid: cmd.Process.Pid, done: make(chan struct{})}
+	vmfork.Fault(vmfork.FaultQEMUSpawned, p.pid)
 	// Reap the process while this CLI lives; once the CLI exits, init does.
 	go func() {
 		p.err = cmd.Wait()
