@@ -29,6 +29,7 @@ the virtio-serial port org.qemu.guest_agent.0.
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM, e.g. 512M or 2G", Value: "512M"},
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
+		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
@@ -44,6 +45,13 @@ the virtio-serial port org.qemu.guest_agent.0.
 		mg, err := newManager(cliCtx)
 		if err != nil {
 			return err
+		}
+		if cliCtx.Bool("dry-run") {
+			p, err := mg.PlanBoot(cliCtx.Args().First(), spec)
+			if err != nil {
+				return err
+			}
+			return printPlan(cliCtx, p)
 		}
 		m, err := mg.Boot(ctx, cliCtx.Args().First(), spec)
 		if err != nil {

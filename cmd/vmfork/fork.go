@@ -69,6 +69,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		&cli.StringSliceFlag{Name: "step-timeout", Usage: "bound identity step NAME to a duration, as `NAME=DURATION`; repeatable"},
 		&cli.StringSliceFlag{Name: "extra-step", Usage: "copy host script FILE into each child and run it as step NAME (namespaced, e.g. acme.setup) at the end, as `NAME=FILE`; repeatable"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
+		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
@@ -98,6 +99,13 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		mg, err := newManager(cliCtx)
 		if err != nil {
 			return err
+		}
+		if cliCtx.Bool("dry-run") {
+			p, err := mg.PlanFork(ctx, req)
+			if err != nil {
+				return err
+			}
+			return printPlan(cliCtx, p)
 		}
 		res, err := mg.Fork(ctx, req)
 		if res == nil {

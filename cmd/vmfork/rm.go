@@ -21,6 +21,7 @@ logs and RAM file. A template whose last child goes is removed as well. With
 --force a machine is removed even when its process cannot be stopped.`,
 	Flags: []cli.Flag{
 		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "remove even if the process cannot be stopped"},
+		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
@@ -32,6 +33,13 @@ logs and RAM file. A template whose last child goes is removed as well. With
 		mg, err := newManager(cliCtx)
 		if err != nil {
 			return err
+		}
+		if cliCtx.Bool("dry-run") {
+			p, errs := mg.PlanRemove(ctx, cliCtx.Args().Slice())
+			if err := printPlan(cliCtx, p); err != nil {
+				return err
+			}
+			return joinErrors(errs)
 		}
 		// Every name is tried; the first error decides the exit code.
 		removed, forgotten := []string{}, []string{}

@@ -43,6 +43,7 @@ pre-fork hooks run first) into a template named NAME. NAME shares the
 namespace of machine names. With --pool K, K processes are started ahead.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "pool", Usage: fmt.Sprintf("processes to keep started ahead (0 to %d)", vmfork.MaxPoolSize)},
+		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
@@ -56,6 +57,13 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 			return err
 		}
 		req := vmfork.KeepRequest{Source: cliCtx.Args().Get(0), Name: cliCtx.Args().Get(1), Pool: cliCtx.Int("pool")}
+		if cliCtx.Bool("dry-run") {
+			p, err := mg.PlanKeep(ctx, req)
+			if err != nil {
+				return err
+			}
+			return printPlan(cliCtx, p)
+		}
 		t, err := mg.Keep(ctx, req)
 		if t == nil {
 			return err
@@ -157,7 +165,7 @@ var templateRmCommand = &cli.Command{
 	Description: `Stops NAME's warm pool and gives the name up: no new child can be forked from
 it. Its children run on; its RAM, device state and frozen disk are removed
 once no child maps its RAM and no other disk builds on its frozen disk.`,
-	Flags: []cli.Flag{jsonFlag},
+	Flags: []cli.Flag{dryRunFlag, jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("template rm needs a template name: vmfork template rm NAME")}
@@ -169,6 +177,13 @@ once no child maps its RAM and no other disk builds on its frozen disk.`,
 			return err
 		}
 		name := cliCtx.Args().First()
+		if cliCtx.Bool("dry-run") {
+			p, err := mg.PlanUnkeep(ctx, name)
+			if err != nil {
+				return err
+			}
+			return printPlan(cliCtx, p)
+		}
 		gone, err := mg.Unkeep(ctx, name)
 		if err != nil {
 			return err
