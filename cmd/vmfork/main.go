@@ -96,6 +96,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			templateCommand,
 			lsCommand,
 			execCommand,
+			cpCommand,
 			stopCommand,
 			rmCommand,
 			logsCommand,
