@@ -80,8 +80,10 @@ func ParseMemory(s string) (int, error) {
 	return n * mult, nil
 }
 
-// Spec is what a machine is made of. Everything in it except Ports is part of
-// the guest-visible configuration that a fork child must reproduce exactly, so
+// Spec is what a machine is made of. Everything in it except Ports and the
+// network's name is part of the guest-visible configuration that a fork
+// child must reproduce exactly (the kind of network too: a tap offers the
+// NIC offloads the user network does not), so
 // drivers fill in the fields they resolve (machine type, CPU model, MAC) when
 // a machine first starts, and children copy them.
 type Spec struct {
@@ -94,6 +96,9 @@ type Spec struct {
 	MemoryMiB int           `json:"memory_mib"`
 	CPUs      int           `json:"cpus"`
 	Ports     []PortForward `json:"ports,omitempty"`
+	// Network is what the NIC is plugged into on the host; the zero value
+	// is the user network. Children inherit it (network.go).
+	Network Network `json:"network"`
 
 	// Resolved by the driver at first start.
 	MachineType string `json:"machine_type,omitempty"` // versioned, e.g. pc-q35-7.2
@@ -163,6 +168,14 @@ func (s *Spec) Validate() error {
 	}
 	if s.CPUs < 1 || s.CPUs > MaxCPUs {
 		return fmt.Errorf("cpus %d must be from 1 to %d: %w", s.CPUs, MaxCPUs, ErrInvalid)
+	}
+	if err := s.validateNetwork(); err != nil {
+		return err
+	}
+	if n := s.Network.Effective(); n.Kind == NetworkBridge {
+		if err := CheckBridge(n.Name); err != nil {
+			return err
+		}
 	}
 	seen := map[int]bool{}
 	for _, p := range s.Ports {

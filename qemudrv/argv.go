@@ -68,8 +68,13 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		add("-blockdev", "driver=qcow2,file=file0,node-name="+diskNodeID)
 		add("-device", "virtio-blk-pci,drive="+diskNodeID+",id=disk0")
 	}
-	add("-netdev", netdevArg(m.Spec.Ports))
-	add("-device", "virtio-net-pci,netdev="+netdevID+",id="+nicID+",mac="+s.MAC+",bus="+nicRootID)
+	nic := "virtio-net-pci,netdev=" + netdevID
+	if nd := netdevArg(s); nd != "" {
+		add("-netdev", nd)
+	} else {
+		nic = "virtio-net-pci" // network none: a NIC with no peer
+	}
+	add("-device", nic+",id="+nicID+",mac="+s.MAC+",bus="+nicRootID)
 	add("-device", "virtio-serial-pci,id=vser0")
 	add("-chardev", "socket,id="+qgaID+",path="+optPath(m.Paths.QGA)+",server=on,wait=off")
 	add("-device", "virtserialport,chardev="+qgaID+",name="+agentPort+",id=qgaport0")
@@ -83,6 +88,12 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	}
 	add("-device", "vmgenid,id=vmgenid0,guid="+guid)
 	if opt.Incoming {
+		// After a load QEMU announces the NIC's configured MAC (the
+		// source's) with RARP frames, and has the guest announce its
+		// addresses (the source's too): on a shared bridge that would
+		// steal the source's traffic. A child announces itself once its
+		// identity chain has given it its own MAC and address.
+		add("-global", "migration.announce-rounds=0")
 		add("-incoming", "defer")
 	}
 	return a
@@ -111,10 +122,18 @@ func ramObject(m *vmfork.Machine) string {
 		ramID, m.Spec.MemoryMiB, optPath(m.Paths.RAM), share)
 }
 
-func netdevArg(ports []vmfork.PortForward) string {
+// netdevArg is the NIC's host backend, "" for none.
+func netdevArg(s vmfork.Spec) string {
+	switch s.Network.Effective().Kind {
+	case vmfork.NetworkBridge:
+		// The tap vmfork made and plugged into the bridge (network.go).
+		return fmt.Sprintf("tap,id=%s,fd=%d", netdevID, tapFD)
+	case vmfork.NetworkNone:
+		return ""
+	}
 	var b strings.Builder
 	b.WriteString("user,id=" + netdevID)
-	for _, p := range ports {
+	for _, p := range s.Ports {
 		// Forwards listen on loopback only: a fork child must not appear on
 		// the host's network under the parent's identity.
 		fmt.Fprintf(&b, ",hostfwd=tcp:127.0.0.1:%d-:%d", p.Host, p.Guest)

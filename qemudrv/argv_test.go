@@ -41,6 +41,13 @@ func TestArgvGolden(t *testing.T) {
 	diskless.Spec.Disk, diskless.Spec.Initrd, diskless.Spec.Append, diskless.Spec.Ports = "", "", "", nil
 	commaPath := testMachine()
 	commaPath.Paths.QMP = "/tmp/a,b/qmp.sock"
+	bridge := testMachine()
+	bridge.Spec.Ports, bridge.Spec.Network = nil, vmfork.Network{Kind: vmfork.NetworkBridge, Name: "br0"}
+	bridgeChild := testMachine()
+	bridgeChild.Name, bridgeChild.Spec = "web-1", bridge.Spec
+	bridgeChild.Paths.RAM, bridgeChild.Paths.RAMShared = "/dev/shm/vmfork/t-1.ram", false
+	none := testMachine()
+	none.Spec.Ports, none.Spec.Network = nil, vmfork.Network{Kind: vmfork.NetworkNone}
 
 	cases := []struct {
 		name string
@@ -52,6 +59,9 @@ func TestArgvGolden(t *testing.T) {
 		{"child-incoming", child, ArgvOptions{Incoming: true}},
 		{"diskless", diskless, ArgvOptions{}},
 		{"comma-path", commaPath, ArgvOptions{}},
+		{"bridge", bridge, ArgvOptions{}},
+		{"bridge-child", bridgeChild, ArgvOptions{Incoming: true}},
+		{"network-none", none, ArgvOptions{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -91,5 +101,28 @@ func TestArgvChildMatchesParent(t *testing.T) {
 	}
 	if len(pv) < 10 {
 		t.Errorf("only %d guest-visible words found: %q", len(pv), pv)
+	}
+}
+
+// TestArgvBridgeChildMatchesParent: on a bridge, too, a child differs from its
+// source only in backends; and a tap machine's NIC differs from a user-network
+// one's only in its backend, never in the device's guest-visible properties.
+func TestArgvBridgeChildMatchesParent(t *testing.T) {
+	parent := testMachine()
+	parent.Spec.Ports, parent.Spec.Network = nil, vmfork.Network{Kind: vmfork.NetworkBridge, Name: "br0"}
+	child := testMachine()
+	child.Name, child.Spec = "web-1", parent.Spec
+	child.Paths.QMP, child.Paths.RAM, child.Paths.RAMShared = "/x/web-1/qmp.sock", "/dev/shm/vmfork/t.ram", false
+	pv, cv := GuestVisible(Argv(parent, ArgvOptions{})), GuestVisible(Argv(child, ArgvOptions{Incoming: true}))
+	if strings.Join(pv, "\n") != strings.Join(cv, "\n") {
+		t.Errorf("guest-visible configuration differs:\nparent: %q\nchild:  %q", pv, cv)
+	}
+	user := GuestVisible(Argv(testMachine(), ArgvOptions{}))
+	if strings.Join(pv, "\n") != strings.Join(user, "\n") {
+		t.Errorf("a bridge machine's devices differ from a user-network machine's:\nbridge: %q\nuser:   %q", pv, user)
+	}
+	argv := strings.Join(Argv(parent, ArgvOptions{}), " ")
+	if !strings.Contains(argv, "-netdev tap,id=net0,fd=3 ") || strings.Contains(argv, "hostfwd") {
+		t.Errorf("bridge argv %q: want the tap passed as fd 3 and no port forwards", argv)
 	}
 }

@@ -55,6 +55,9 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
 	if err != nil {
 		return err
 	}
+	if err := d.CheckNetwork(ctx, m); err != nil {
+		return err
+	}
 	if err := d.resolve(ctx, bin, m); err != nil {
 		return err
 	}
@@ -72,7 +75,7 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
 			return fmt.Errorf("remove stale RAM file: %w", err)
 		}
 	}
-	p, err := spawn(bin, Argv(m, ArgvOptions{}), m.Paths.Log)
+	p, err := d.spawnMachine(bin, m, ArgvOptions{})
 	if err != nil {
 		return err
 	}

@@ -215,7 +215,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err := vmfork.PickPorts(m.Spec.Ports); err != nil {
 		return err
 	}
-	p, err := spawn(bin, Argv(m, ArgvOptions{Incoming: true}), m.Paths.Log)
+	p, err := d.spawnMachine(bin, m, ArgvOptions{Incoming: true})
 	if err != nil {
 		return err
 	}

@@ -22,8 +22,9 @@ type process struct {
 
 // spawn starts QEMU so that it outlives the CLI: its own process group (a
 // Ctrl-C in the terminal does not reach it), stdin from /dev/null, and its
-// output appended to logPath instead of a pipe the CLI would hold.
-func spawn(bin string, args []string, logPath string) (*process, error) {
+// output appended to logPath instead of a pipe the CLI would hold. extra
+// become QEMU's descriptors 3, 4, ... (a tap, network.go).
+func spawn(bin string, args []string, logPath string, extra ...*os.File) (*process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open QEMU log: %w", err)
@@ -32,6 +33,7 @@ func spawn(bin string, args []string, logPath string) (*process, error) {
 	fmt.Fprintf(logf, "# %s %s\n", time.Now().UTC().Format(time.RFC3339), shellQuote(append([]string{bin}, args...)))
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start QEMU: %w", err)
