@@ -4,10 +4,12 @@
 export PATH := /usr/local/go/bin:$(PATH)
 
 GUEST_OUT ?= $(CURDIR)/tests/guest/out
+# The Debian guest is cached outside the checkout: fresh clones on this machine reuse it.
+DEBIAN_GUEST ?= /var/cache/vmfork/debian-guest
 BIN       ?= $(CURDIR)/bin/vmfork
 GO        ?= go
 
-.PHONY: all deps build guest demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all vet clean
+.PHONY: all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all vet clean
 
 all: build
 
@@ -20,6 +22,10 @@ build:
 guest: deps
 	@tests/guest/build.sh $(GUEST_OUT) >/dev/null
 
+# A stock Debian 12 guest (debootstrap); rebuilt only when its inputs change.
+guest-debian: deps
+	@tests/guest/debian/build.sh $(DEBIAN_GUEST) >/dev/null
+
 demo: deps build guest
 	@scripts/demo.sh
 
@@ -28,17 +34,18 @@ vet:
 	$(GO) vet -tags integration ./tests/...
 
 # Unit tests boot nothing and need no QEMU.
+UNIT_FLAGS ?=
 unit:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 $(UNIT_FLAGS) ./...
 
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
-integration: deps build guest
+integration: deps build guest guest-debian
 	@scripts/libvirtd.sh
-	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -count=1 -timeout 60m -v ./tests/...
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$(DEBIAN_GUEST) $(GO) test -tags integration -count=1 -timeout 45m -v ./tests/...
 
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
-bench: deps build guest
-	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
+bench: deps build guest guest-debian
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$(DEBIAN_GUEST) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
 
 # Side by side (docs/BENCHMARKS.md): vmfork against the bare-QEMU floor, a
 # kept template with a warm pool, libvirt save+restore, a cold boot, and vmfork's libvirt
