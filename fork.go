@@ -197,6 +197,13 @@ func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (src *Machine
 	if err = req.Identity.ValidateFor(len(names)); err != nil {
 		return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
+	// The children go where the source's NIC is: a bridge or libvirt
+	// network gone since the source started fails here, not after a pause.
+	if nc, ok := mg.Driver.(NetworkChecker); ok {
+		if err = nc.CheckNetwork(ctx, src); err != nil {
+			return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
+		}
+	}
 	return src, names, adopted, nil
 }
 
