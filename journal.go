@@ -8,33 +8,37 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmfork/vmfork/templates"
 )
 
-// journalEntry records an operation in flight (a boot or a fork), so that a
-// CLI killed in the middle leaves evidence the next run acts on: a source to
-// resume, machines to remove that never finished starting.
+// journalEntry records an operation in flight (a boot, a fork, a template
+// save, an rm), so that a CLI killed in the middle leaves evidence the next
+// run acts on: a source to resume, machines to remove that never finished
+// starting, a removal to finish.
 type journalEntry struct {
 	Op       string    `json:"op"`
 	Source   string    `json:"source,omitempty"`
 	Template string    `json:"template,omitempty"`
-	Machines []string  `json:"machines,omitempty"` // created by the operation
+	Machines []string  `json:"machines,omitempty"` // created (or, for rm, removed) by the operation
 	PID      int       `json:"pid"`                // the vmfork process doing it
 	Started  time.Time `json:"started"`
 }
 
-// journal writes e and returns a func that removes it.
+var journalSeq atomic.Uint64
+
+// journal writes e and returns a func that removes it. The entry appears
+// whole or not at all (writeJSON renames it into place), so a reader never
+// mistakes a half-written entry of a live command for a torn one.
 func (s *Store) journal(e journalEntry) (done func(), err error) {
 	e.PID, e.Started = os.Getpid(), time.Now().UTC()
-	f, err := os.CreateTemp(filepath.Join(s.StateDir, dirJournal), e.Op+"-*.json")
-	if err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
-	f.Close()
-	path := f.Name()
+	name := fmt.Sprintf("%s-%d-%d-%d.json", e.Op, e.PID, e.Started.UnixNano(), journalSeq.Add(1))
+	path := filepath.Join(s.StateDir, dirJournal, name)
 	if err := writeJSON(path, e); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
@@ -50,11 +54,19 @@ func (s *Store) abandoned() (map[string]journalEntry, error) {
 	}
 	out := map[string]journalEntry{}
 	for _, de := range entries {
-		var e journalEntry
 		path := filepath.Join(dir, de.Name())
+		if strings.HasPrefix(de.Name(), ".") {
+			// writeJSON's temporary file: a live writer renames it within
+			// milliseconds, a killed one never does.
+			if fi, err := de.Info(); err == nil && time.Since(fi.ModTime()) > time.Minute {
+				os.Remove(path)
+			}
+			continue
+		}
+		var e journalEntry
 		if err := readJSON(path, &e); err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
-				os.Remove(path) // a torn write from a crash: nothing to act on
+				os.Remove(path) // unreadable: nothing to act on
 			}
 			continue
 		}
@@ -63,6 +75,17 @@ func (s *Store) abandoned() (map[string]journalEntry, error) {
 		}
 	}
 	return out, nil
+}
+
+// claim takes abandoned entry path for this process by renaming it, so that
+// two commands never repair the same entry at once. The entry keeps its
+// dead PID: if this process dies too, the next command claims it again.
+func claim(path string) (string, bool) {
+	claimed := strings.TrimSuffix(path, ".json") + ".r" + strconv.Itoa(os.Getpid()) + ".json"
+	if err := os.Rename(path, claimed); err != nil {
+		return "", false
+	}
+	return claimed, true
 }
 
 // vmforkAlive reports whether pid is a live process running this binary.
@@ -80,41 +103,195 @@ func vmforkAlive(pid int) bool {
 	return bytes.Equal([]byte(exe), []byte(self)) && templates.Running(pid)
 }
 
-// Recover repairs what interrupted forks left behind: it resumes sources
-// left paused and clears their journal entries. Every command that changes
-// or lists machines calls it first; with nothing to repair it costs one
-// directory read.
+// recoverLockWait bounds how long the repair waits for a name's lock: a
+// name held that long belongs to a live command, and its entry waits for a
+// later repair.
+const recoverLockWait = 200 * time.Millisecond
+
+// Recover repairs what interrupted commands left behind, and is how vmfork
+// stays crash-safe (docs/RELIABILITY.md). For each journal entry of a dead
+// vmfork process it resumes a source left paused, removes every machine the
+// command created that had not finished (state creating: a fork child whose
+// identity chain did not finish, a boot whose agent never answered),
+// finishes an interrupted rm, gives up a kept template whose save did not
+// finish, and removes the temporary files of the dead command. Half-made
+// children are removed rather than finished: the identity options of the
+// dead command (spec file, hooks, the caller's edits) are not on disk, and
+// a chain cut short midway may not be safe to run twice. Every command that
+// changes or lists machines calls it first; with nothing to repair it costs
+// one directory read.
 func (mg *Manager) Recover(ctx context.Context) error {
 	entries, err := mg.Store.abandoned()
 	if err != nil || len(entries) == 0 {
 		return err
 	}
-	forker, _ := mg.Driver.(Forker)
 	var errs []error
 	for path, e := range entries {
-		if src, err := mg.Store.LoadMachine(e.Source); err == nil && src.Driver == mg.Driver.Name() && forker != nil {
+		claimed, ok := claim(path)
+		if !ok {
+			continue // another command is repairing it
+		}
+		done, err := mg.repair(ctx, e)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if !done {
+			os.Rename(claimed, path) // for a later repair
+			continue
+		}
+		os.Remove(claimed)
+	}
+	mg.collectTemplates(ctx)
+	return errors.Join(errs...)
+}
+
+// repair acts on one abandoned entry; done is false when it must be tried
+// again later (a name it needs is locked by a live command, or a source
+// could not be resumed).
+func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err error) {
+	lockName := e.Source
+	var tpl *Template
+	if e.Template != "" {
+		if t, err := mg.Store.LoadTemplate(e.Template); err == nil {
+			tpl = t
+			if lockName == "" {
+				lockName = t.Name // a fork of a kept template holds its name
+			}
+		}
+	}
+	if lockName != "" {
+		unlock, err := mg.tryLock(ctx, lockName)
+		if err != nil {
+			return false, nil
+		}
+		defer unlock()
+	}
+	if src, err := mg.Store.LoadMachine(e.Source); err == nil && src.Driver == mg.Driver.Name() {
+		if forker, ok := mg.Driver.(Forker); ok {
 			if st, _ := mg.Driver.Status(ctx, src); st != StateStopped {
 				if err := forker.Resume(ctx, src); err != nil {
-					errs = append(errs, fmt.Errorf("resume %q after an interrupted %s: %w", e.Source, e.Op, err))
-					continue
+					return false, fmt.Errorf("resume %q after an interrupted %s: %w", e.Source, e.Op, err)
 				}
 				mg.Log.WithField("machine", e.Source).Warn("made sure a machine an interrupted fork had paused runs")
 			}
 		}
-		for _, name := range e.Machines {
-			m, err := mg.Store.LoadMachine(name)
-			if err != nil || m.State != StateCreating || m.Driver != mg.Driver.Name() {
-				continue
-			}
-			if err := mg.Driver.Stop(ctx, m, true); err != nil {
-				errs = append(errs, fmt.Errorf("remove %q left by an interrupted %s: %w", name, e.Op, err))
-				continue
-			}
-			mg.Store.RemoveMachine(name)
-			mg.Log.WithField("machine", name).Warn("removed a machine an interrupted command left half-made")
-		}
-		os.Remove(path)
 	}
-	mg.collectTemplates(ctx)
+	var errs []error
+	for _, name := range e.Machines {
+		if err := mg.repairMachine(ctx, e, name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if e.Template != "" {
+		if tpl == nil {
+			// Reserved but never recorded: nothing can use it.
+			mg.Store.RemoveTemplate(e.Template)
+		} else if tpl.Name != "" && !tpl.HasMemory && tpl.Paths.RAM != "" {
+			// A kept template whose freeze never finished: not kept after
+			// all, and collectTemplates takes it.
+			tpl.Name, tpl.PoolSize = "", 0
+			if err := mg.Store.SaveTemplate(tpl); err != nil {
+				errs = append(errs, err)
+			}
+			mg.Log.WithField("template", tpl.ID).Warn("gave up a template an interrupted save left half-made")
+		}
+		mg.Store.removeTempFiles(e.Template)
+	}
+	return len(errs) == 0, errors.Join(errs...)
+}
+
+// repairMachine removes machine name if entry e's command made it and did
+// not finish it, or finishes its removal when e is an rm.
+func (mg *Manager) repairMachine(ctx context.Context, e journalEntry, name string) error {
+	unlock, err := mg.tryLock(ctx, name)
+	if err != nil {
+		return fmt.Errorf("repair %q after an interrupted %s: %w", name, e.Op, err)
+	}
+	defer unlock()
+	m, err := mg.Store.LoadMachine(name)
+	if errors.Is(err, ErrNotFound) {
+		if e.Op == "rm" {
+			return mg.Store.RemoveMachine(name) // what a killed rm left in the trash
+		}
+		return nil
+	}
+	if err != nil || m.Driver != mg.Driver.Name() || m.Adopted != nil {
+		return nil // not vmfork's to kill (adopt.go)
+	}
+	switch e.Op {
+	case "rm":
+		if m.Created.After(e.Started) {
+			return nil // a new machine of that name
+		}
+	case "fork":
+		if m.State != StateCreating || m.Template != e.Template {
+			return nil // finished, or another fork's
+		}
+	default:
+		if m.State != StateCreating {
+			return nil
+		}
+	}
+	if err := mg.stopAll(ctx, m); err != nil {
+		return fmt.Errorf("remove %q left by an interrupted %s: %w", name, e.Op, err)
+	}
+	if err := mg.Store.RemoveMachine(name); err != nil {
+		return fmt.Errorf("remove %q left by an interrupted %s: %w", name, e.Op, err)
+	}
+	mg.Log.WithField("machine", name).Warn("removed a machine an interrupted command left half-made")
+	return nil
+}
+
+func (mg *Manager) tryLock(ctx context.Context, name string) (func(), error) {
+	lctx, cancel := context.WithTimeout(ctx, recoverLockWait)
+	defer cancel()
+	return mg.Store.Lock(lctx, name)
+}
+
+// stopAll kills every process of m: the one its record names and any QEMU
+// whose command line names m's QMP socket. A QEMU exists a moment before
+// its PID can be recorded; its record, made before it was started, names
+// the socket, so a command killed in that moment leaves no process unknown.
+func (mg *Manager) stopAll(ctx context.Context, m *Machine) error {
+	pids := qemuNaming(m.Paths.QMP)
+	if len(pids) == 0 || (m.PID > 0 && !slices.Contains(pids, m.PID)) {
+		pids = append(pids, m.PID) // the driver's own way (a libvirt domain)
+	}
+	var errs []error
+	for _, pid := range pids {
+		c := *m
+		c.PID = pid
+		if err := mg.Driver.Stop(context.WithoutCancel(ctx), &c, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// qemuNaming returns the live QEMU processes whose command line contains
+// marker, a path that only one machine's QEMU is given.
+func qemuNaming(marker string) []int {
+	if marker == "" {
+		return nil
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, de := range entries {
+		pid, err := strconv.Atoi(de.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + de.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+		if bytes.Contains(argv0, []byte("qemu")) && bytes.Contains(cmdline, []byte(marker)) && templates.Running(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }

@@ -42,6 +42,9 @@ func (mg *Manager) Boot(ctx context.Context, name string, spec Spec) (m *Machine
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
+	}
 	unlock, err := mg.Store.Lock(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
@@ -207,6 +210,9 @@ func (mg *Manager) stopLocked(ctx context.Context, m *Machine, force bool) error
 // the files are removed even when the process cannot be stopped. An adopted
 // machine is not vmfork's to kill: it is forgotten and runs on (adopt.go).
 func (mg *Manager) Remove(ctx context.Context, name string, force bool) error {
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
+	}
 	unlock, err := mg.Store.Lock(ctx, name)
 	if err != nil {
 		return fmt.Errorf("rm: %w", err)
@@ -223,12 +229,19 @@ func (mg *Manager) Remove(ctx context.Context, name string, force bool) error {
 		mg.collectTemplates(ctx)
 		return nil
 	}
+	// A removal cut short is finished by the next command (journal.go).
+	done, err := mg.Store.journal(journalEntry{Op: "rm", Machines: []string{name}})
+	if err != nil {
+		return fmt.Errorf("rm %q: %w", name, err)
+	}
+	defer done()
 	if err := mg.stopLocked(ctx, m, true); err != nil {
 		if !force {
 			return fmt.Errorf("rm: %w (use --force to remove it anyway)", err)
 		}
 		mg.Log.WithField("machine", name).WithError(err).Warn("removing despite stop failure")
 	}
+	Fault(FaultRmStopped, m.PID)
 	if err := mg.Store.RemoveMachine(name); err != nil {
 		return fmt.Errorf("rm: %w", err)
 	}

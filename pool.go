@@ -133,10 +133,13 @@ func (mg *Manager) fillPool(ctx context.Context, t *Template) error {
 	if err != nil {
 		return err
 	}
+	mg.sweepPool(t.ID)
 	live := 0
 	for _, m := range members {
 		st, _ := mg.Driver.Status(ctx, m)
-		if st == StateStopped || live >= t.PoolSize {
+		// A member still creating was being started by a command that
+		// died: the caller holds the lock every pool change takes.
+		if st == StateStopped || m.State == StateCreating || live >= t.PoolSize {
 			mg.removePoolMember(ctx, m)
 			continue
 		}
@@ -164,6 +167,13 @@ func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Templa
 		os.RemoveAll(m.Paths.Dir)
 		return err
 	}
+	// The record exists before the process does, naming its QMP socket, so
+	// a command killed right after the spawn leaves no QEMU unknown: the
+	// next fill finds it by that socket (stopAll) and removes it.
+	m.State = StateCreating
+	if err := mg.Store.savePoolMember(m); err != nil {
+		return fail(err)
+	}
 	if m.Paths.Disk != "" {
 		if err := overlay.Create(ctx, t.Paths.Disk, m.Paths.Disk); err != nil {
 			return fail(err)
@@ -172,17 +182,19 @@ func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Templa
 	if err := pooler.Prestart(ctx, m, t); err != nil {
 		return fail(err)
 	}
+	m.State = StatePooled
 	if err := mg.Store.savePoolMember(m); err != nil {
 		mg.Driver.Stop(context.WithoutCancel(ctx), m, true)
 		return fail(err)
 	}
+	Fault(FaultPoolFilled, m.PID)
 	mg.Log.WithFields(logrus.Fields{"template": t.ID, "member": m.Name, "pid": m.PID}).Debug("pool member started")
 	return nil
 }
 
 func (mg *Manager) removePoolMember(ctx context.Context, m *Machine) {
 	log := mg.Log.WithFields(logrus.Fields{"template": m.Template, "member": m.Name})
-	if err := mg.Driver.Stop(context.WithoutCancel(ctx), m, true); err != nil {
+	if err := mg.stopAll(ctx, m); err != nil {
 		log.WithError(err).Warn("could not stop a pool member")
 		return
 	}
@@ -208,7 +220,7 @@ func (mg *Manager) takePool(ctx context.Context, t *Template, n int) []*Machine 
 		if len(got) == n {
 			break
 		}
-		if st, _ := mg.Driver.Status(ctx, m); st == StateStopped {
+		if st, _ := mg.Driver.Status(ctx, m); st == StateStopped || m.State == StateCreating {
 			mg.removePoolMember(ctx, m)
 			continue
 		}
@@ -239,4 +251,36 @@ func (mg *Manager) removePool(ctx context.Context, id string) {
 		mg.removePoolMember(ctx, m)
 	}
 	os.Remove(filepath.Join(mg.Store.poolRoot(), id)) // fails while children live there
+}
+
+// sweepPool removes member directories of template id that hold neither a
+// member record nor the files of a child made from a member: what a command
+// killed between making the directory and recording the member left. The
+// caller holds the template's lock, so no member is being made.
+func (mg *Manager) sweepPool(id string) {
+	dir := filepath.Join(mg.Store.poolRoot(), id)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	used := map[string]bool{}
+	ms, err := mg.Store.ListMachines()
+	if err != nil {
+		return
+	}
+	for _, m := range ms {
+		used[filepath.Clean(m.Paths.Dir)] = true
+	}
+	for _, e := range entries {
+		d := filepath.Join(dir, e.Name())
+		if _, err := os.Stat(filepath.Join(d, fileMember)); err == nil || used[d] {
+			continue
+		}
+		// A child's record is made before the member's is removed
+		// (adoptMember): no record either way means no one owns it.
+		if qemuNaming(filepath.Join(d, fileQMP)) != nil {
+			continue // a process still runs there; never pull files from under it
+		}
+		os.RemoveAll(d)
+	}
 }

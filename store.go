@@ -146,24 +146,71 @@ func (s *Store) ListMachines() ([]*Machine, error) {
 
 // RemoveMachine deletes machine name's directory and its own RAM file, and
 // the files of the warm-pool process it was started as (pool.go). It never
-// touches a template's RAM file.
+// touches a template's RAM file. The record goes in one step, a rename into
+// the trash (.rm.<name> beside it), so a reader, or a command killed midway,
+// sees the whole machine or none of it; what a killed removal left in the
+// trash goes with the next removal of that name (an rm's journal entry
+// makes the repair do it, journal.go).
 func (s *Store) RemoveMachine(name string) error {
 	if err := ValidateName(name); err != nil {
 		return err
 	}
-	if m, err := s.LoadMachine(name); err == nil && s.inPool(m.Paths.Dir) {
+	p := s.MachinePaths(name)
+	trash := filepath.Join(s.StateDir, dirMachines, trashPrefix+name)
+	if err := s.emptyTrash(name, trash); err != nil {
+		return err
+	}
+	// The RAM file first: once the record is gone, a new machine of that
+	// name may be booting and own a file of that name.
+	if err := os.Remove(p.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("machine %q: remove RAM file: %w", name, err)
+	}
+	if err := os.Rename(p.Dir, trash); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("machine %q: remove record: %w", name, err)
+	}
+	Fault(FaultRmRemoving, 0)
+	return s.emptyTrash(name, trash)
+}
+
+// trashPrefix starts the name of a machine directory being removed; no
+// machine name starts with a dot.
+const trashPrefix = ".rm."
+
+// emptyTrash deletes a machine directory moved to trash, with the pool
+// directory its record names.
+func (s *Store) emptyTrash(name, trash string) error {
+	var m Machine
+	if err := readJSON(filepath.Join(trash, fileMachine), &m); err == nil && s.inPool(m.Paths.Dir) {
 		if err := os.RemoveAll(m.Paths.Dir); err != nil {
 			return fmt.Errorf("machine %q: remove directory: %w", name, err)
 		}
 	}
-	p := s.MachinePaths(name)
-	if err := os.Remove(p.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("machine %q: remove RAM file: %w", name, err)
-	}
-	if err := os.RemoveAll(p.Dir); err != nil {
+	if err := os.RemoveAll(trash); err != nil {
 		return fmt.Errorf("machine %q: remove directory: %w", name, err)
 	}
 	return nil
+}
+
+// removeTempFiles removes the temporary files a freeze into template id
+// makes (sharedmem writes <mem-dir>/.<id>.ram.tmp and renames it): left by
+// a command killed during the freeze, they would make every later freeze
+// into that id fail.
+func (s *Store) removeTempFiles(id string) {
+	tmps, _ := filepath.Glob(filepath.Join(s.MemDir, "."+id+ramSuffix+".tmp*"))
+	for _, f := range tmps {
+		os.Remove(f)
+	}
+}
+
+// clearTemplateID removes whatever files of template id a dead command left
+// in the mem dir. Its caller has just reserved the id (its directory did
+// not exist), so no live template owns them.
+func (s *Store) clearTemplateID(id string) {
+	s.removeTempFiles(id)
+	os.Remove(s.TemplatePaths(id).RAM)
 }
 
 // Lock takes the exclusive lock of name (a machine or template), waiting

@@ -147,6 +147,7 @@ func (s *Store) NewTemplate(source string) (*Template, error) {
 		if err != nil {
 			return nil, fmt.Errorf("template %q: %w", id, err)
 		}
+		s.clearTemplateID(id)
 		return &Template{ID: id, Source: source, Created: time.Now().UTC(), Paths: p}, nil
 	}
 }
