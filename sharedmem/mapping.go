@@ -1,0 +1,152 @@
+package sharedmem
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mapping is the mapping of one guest RAM file in a QEMU process, as
+// /proc/PID/maps shows it: the file that backs the guest's memory now, which
+// after a remap (remap_linux_amd64.go) is no longer the file QEMU opened.
+type Mapping struct {
+	PID        int
+	Start, End uintptr
+	Offset     int64
+	Shared     bool // MAP_SHARED; false for a private (copy-on-write) mapping
+	Dev, Inode uint64
+	Path       string // the name the kernel shows; may be gone ("(deleted)")
+}
+
+// Size is the mapping's length in bytes.
+func (m Mapping) Size() int64 { return int64(m.End - m.Start) }
+
+// File opens the mapped file itself, through /proc/PID/map_files, whatever
+// its names are now (it may have none).
+func (m Mapping) File(flag int) (*os.File, error) {
+	p := fmt.Sprintf("/proc/%d/map_files/%x-%x", m.PID, m.Start, m.End)
+	f, err := os.OpenFile(p, flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open RAM mapping of pid %d: %w", m.PID, err)
+	}
+	return f, nil
+}
+
+// ErrNoMapping is returned when a process maps no file of the wanted size.
+var ErrNoMapping = errors.New("no guest RAM mapping found")
+
+// FindRAM finds the guest RAM mapping of process pid: the one file mapping of
+// exactly size bytes whose name ends in suffix (".ram"), or, with inode set,
+// the mapping of that inode. Guest RAM files are the only files QEMU maps at
+// such sizes, and QEMU maps each in one piece.
+func FindRAM(pid int, size int64, suffix string, inode uint64) (Mapping, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		return Mapping{}, fmt.Errorf("read mappings of pid %d: %w", pid, err)
+	}
+	ms, err := parseMaps(pid, data)
+	if err != nil {
+		return Mapping{}, err
+	}
+	for _, m := range ms {
+		if m.Size() != size || m.Inode == 0 {
+			continue
+		}
+		if inode != 0 && m.Inode == inode {
+			return m, nil
+		}
+		name := strings.TrimSuffix(m.Path, " (deleted)")
+		if inode == 0 && strings.HasSuffix(name, suffix) {
+			return m, nil
+		}
+	}
+	return Mapping{}, fmt.Errorf("pid %d, %d bytes: %w", pid, size, ErrNoMapping)
+}
+
+// parseMaps parses /proc/PID/maps and merges adjacent lines of one mapping
+// (the kernel splits a mapping where flags such as madvise hints differ).
+func parseMaps(pid int, data []byte) ([]Mapping, error) {
+	var out []Mapping
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		off, err3 := strconv.ParseInt(f[2], 16, 64)
+		ino, err4 := strconv.ParseUint(f[4], 10, 64)
+		maj, min, ok2 := strings.Cut(f[3], ":")
+		dmaj, err5 := strconv.ParseUint(maj, 16, 32)
+		dmin, err6 := strconv.ParseUint(min, 16, 32)
+		if !ok || !ok2 || errors.Join(err1, err2, err3, err4, err5, err6) != nil || len(f[1]) != 4 {
+			return nil, fmt.Errorf("maps of pid %d: bad line %q", pid, sc.Text())
+		}
+		m := Mapping{
+			PID: pid, Start: uintptr(start), End: uintptr(end), Offset: off,
+			Shared: f[1][3] == 's', Dev: unix.Mkdev(uint32(dmaj), uint32(dmin)), Inode: ino,
+		}
+		if len(f) > 5 {
+			m.Path = strings.Join(f[5:], " ")
+		}
+		if n := len(out); n > 0 && ino != 0 {
+			p := &out[n-1]
+			if p.Inode == ino && p.Dev == m.Dev && p.End == m.Start && p.Shared == m.Shared &&
+				p.Offset+p.Size() == m.Offset {
+				p.End = m.End
+				continue
+			}
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+// mappers returns the pids, other than except, of the processes that map the
+// file (dev, inode). Processes it cannot read are counted as mappers.
+func mappers(dev, inode uint64, except int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == except {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/maps")
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			continue // exited meanwhile
+		}
+		if err != nil {
+			out = append(out, pid)
+			continue
+		}
+		// A cheap text test first: most processes map nothing on tmpfs.
+		if !bytes.Contains(data, []byte(" "+strconv.FormatUint(inode, 10))) {
+			continue
+		}
+		ms, err := parseMaps(pid, data)
+		if err != nil {
+			out = append(out, pid)
+			continue
+		}
+		for _, m := range ms {
+			if m.Inode == inode && m.Dev == dev {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out, nil
+}

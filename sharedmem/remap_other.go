@@ -1,0 +1,14 @@
+//go:build !amd64
+
+package sharedmem
+
+import "errors"
+
+// RemapSupported reports whether Remap works on this build: the system call
+// injection it uses is written for x86-64 registers.
+const RemapSupported = false
+
+// Remap is not available on this architecture.
+func Remap(m Mapping, fd, blockFD int) error {
+	return errors.New("remapping guest RAM needs x86-64")
+}
