@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sirupsen/logrus"
 
@@ -28,7 +30,17 @@ type Driver struct {
 	StopGrace time.Duration
 	// AgentTimeout bounds connecting to a guest agent that should answer.
 	AgentTimeout time.Duration
+	// BootTimeout bounds the wait for a starting guest's agent when the
+	// caller's context has no deadline of its own (the CLI's --timeout
+	// gives it one, and then that is the bound).
+	BootTimeout time.Duration
 }
+
+// DefaultBootTimeout is long enough for a distribution guest to boot under
+// TCG on a loaded host (the busybox test guest takes seconds), and bounds a
+// guest that will never answer: one whose kernel panics and reboots, one
+// without an agent.
+const DefaultBootTimeout = 5 * time.Minute
 
 var _ vmfork.Driver = (*Driver)(nil)
 
@@ -39,7 +51,7 @@ func New(log *logrus.Entry) *Driver {
 		l.SetOutput(discard{})
 		log = logrus.NewEntry(l)
 	}
-	return &Driver{log: log.WithField("driver", Name), StopGrace: 10 * time.Second, AgentTimeout: 10 * time.Second}
+	return &Driver{log: log.WithField("driver", Name), StopGrace: 10 * time.Second, AgentTimeout: 10 * time.Second, BootTimeout: DefaultBootTimeout}
 }
 
 type discard struct{}
@@ -111,9 +123,18 @@ func (d *Driver) resolve(ctx context.Context, bin string, m *vmfork.Machine) err
 	return m.Spec.FillProfile()
 }
 
-// waitAgent waits until the guest agent answers, QEMU exits, or ctx ends.
+// waitAgent waits until the guest agent answers, QEMU exits, or the wait's
+// bound ends: ctx's deadline, or BootTimeout when ctx has none. A guest that
+// never answers fails with the last lines of its serial console, which
+// usually say why (a kernel panic, a missing root file system).
 func (d *Driver) waitAgent(ctx context.Context, m *vmfork.Machine, p *process) error {
-	ctx, cancel := context.WithCancel(ctx)
+	start := time.Now()
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); !ok && d.BootTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, d.BootTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
 	defer cancel()
 	go func() {
 		select {
@@ -138,13 +159,50 @@ func (d *Driver) waitAgent(ctx context.Context, m *vmfork.Machine, p *process) e
 		default:
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("wait for guest agent: %w (last error: %v)", ctx.Err(), err)
+			msg := fmt.Sprintf("guest agent of %q did not answer within %v", m.Name, time.Since(start).Round(time.Second))
+			if tail := consoleTail(m.Paths.Serial, 5); tail != "" {
+				msg += "; last serial console lines: " + tail
+			} else {
+				msg += "; the serial console is empty"
+			}
+			return fmt.Errorf("%s: %w", msg, ctx.Err())
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// consoleTail returns the last n non-empty lines of a serial console log,
+// joined into one line, each cut to 160 printable characters.
+func consoleTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(data) > 64<<10 {
+		data = data[len(data)-64<<10:]
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(strings.Map(func(r rune) rune {
+			if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+				return -1
+			}
+			return r
+		}, l))
+		if len(l) > 160 {
+			l = l[:160] + "..."
+		}
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 // Status implements vmfork.Driver. It looks at the process only, never at QMP,

@@ -112,6 +112,7 @@ type machineView struct {
 	Hostname  string               `json:"hostname,omitempty"`
 	Addresses []string             `json:"addresses,omitempty"`
 	Ports     []vmfork.PortForward `json:"ports"`
+	Network   vmfork.Network       `json:"network"`
 	Parent    string               `json:"parent,omitempty"`
 	Template  string               `json:"template,omitempty"`
 	Adopted   bool                 `json:"adopted,omitempty"`
@@ -127,7 +128,7 @@ func viewOf(m *vmfork.Machine) machineView {
 	v := machineView{
 		Name: m.Name, State: m.State, Driver: m.Driver, PID: m.PID,
 		MemoryMiB: m.Spec.MemoryMiB, CPUs: m.Spec.CPUs, Accel: m.Accel, MAC: m.Spec.MAC,
-		Ports: m.Spec.Ports, Parent: m.Parent, Template: m.Template,
+		Ports: m.Spec.Ports, Network: m.Spec.Network.Effective(), Parent: m.Parent, Template: m.Template,
 		QMP: m.Paths.QMP, QGA: m.Paths.QGA, Serial: m.Paths.Serial, RAM: m.Paths.RAM,
 		Created: m.Created,
 	}
