@@ -20,7 +20,15 @@ so the machine can be forked later. The guest must run qemu-guest-agent on
 the virtio-serial port org.qemu.guest_agent.0.
 
    vmfork boot web --kernel /srv/vmlinuz --initrd /srv/initrd.gz --memory 512M
-   vmfork boot db --disk /srv/debian.qcow2 --cpus 2 --port 2222:22`,
+   vmfork boot db --disk /srv/debian.qcow2 --cpus 2 --port 2222:22
+   vmfork boot lab --disk /srv/debian.qcow2 --network bridge=br0
+
+--network user (the default) is QEMU's user-mode network, one private NAT
+network per machine, where --port works. bridge=BR puts the NIC on host
+bridge BR through a tap that vmfork makes and that goes with the machine;
+fork children get taps of their own on the same bridge and their own MAC
+and DHCP lease. network=NAME is a libvirt network (libvirt driver only);
+none is a NIC with nothing behind it.`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "kernel", Usage: "kernel image to boot directly"},
 		&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk for --kernel"},
@@ -29,6 +37,7 @@ the virtio-serial port org.qemu.guest_agent.0.
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM, e.g. 512M or 2G", Value: "512M"},
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
+		&cli.StringFlag{Name: "network", Usage: "what the NIC is plugged into: user, bridge=BRIDGE, network=NAME (libvirt) or none", Value: "user"},
 		dryRunFlag,
 		jsonFlag,
 	},
@@ -79,6 +88,9 @@ func bootSpec(cliCtx *cli.Context) (vmfork.Spec, error) {
 	}
 	if spec.Kernel != "" {
 		spec.Append = cliCtx.String("append")
+	}
+	if spec.Network, err = vmfork.ParseNetwork(cliCtx.String("network")); err != nil {
+		return spec, fmt.Errorf("--network: %w", err)
 	}
 	for _, p := range cliCtx.StringSlice("port") {
 		pf, err := vmfork.ParsePortForward(p)
