@@ -15,6 +15,11 @@ func TestNormalizeArgs(t *testing.T) {
 		{[]string{"vmfork", "fork", "web", "a", "b", "--count=2"}, []string{"vmfork", "fork", "--count=2", "--", "web", "a", "b"}},
 		{[]string{"vmfork", "boot", ""}, []string{"vmfork", "boot", "--", ""}},
 		{[]string{"vmfork"}, []string{"vmfork"}},
+		// Global flags after the command move in front of it.
+		{[]string{"vmfork", "boot", "g", "--timeout", "5m", "--json"}, []string{"vmfork", "--timeout", "5m", "boot", "--json", "--", "g"}},
+		{[]string{"vmfork", "-q", "fork", "web", "--state-dir=/s", "--count", "2"}, []string{"vmfork", "-q", "--state-dir=/s", "fork", "--count", "2", "--", "web"}},
+		{[]string{"vmfork", "libvirt", "-c", "qemu:///system", "check", "d"}, []string{"vmfork", "-c", "qemu:///system", "libvirt", "check", "--", "d"}},
+		{[]string{"vmfork", "exec", "g", "--", "ls", "--timeout", "1"}, []string{"vmfork", "exec", "--", "g", "ls", "--timeout", "1"}},
 		{[]string{"vmfork", "-c", "qemu:///system", "libvirt", "check", "web1", "--json"}, []string{"vmfork", "-c", "qemu:///system", "libvirt", "check", "--json", "--", "web1"}},
 	}
 	for _, c := range cases {

@@ -60,6 +60,9 @@ func setupLogging(cliCtx *cli.Context) error {
 		level = logrus.ErrorLevel
 	}
 	logrus.SetLevel(level)
+	if d := cliCtx.Duration("timeout"); d < 0 {
+		return usageError{fmt.Errorf("--timeout %v: want a positive duration such as 90s or 10m (0 for none)", d)}
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -60,7 +61,10 @@ func exitCode(err error) int {
 	}
 	fmt.Fprintf(os.Stderr, "vmfork: %v\n", err)
 	var ue usageError
+	var ec cli.ExitCoder
 	switch {
+	case errors.As(err, &ec) && strings.HasPrefix(err.Error(), "No help topic"):
+		return exitUsage // `vmfork help nosuch`, from urfave's help command
 	case errors.As(err, &ue), errors.Is(err, vmfork.ErrInvalid), errors.Is(err, vmfork.ErrExists):
 		return exitUsage
 	case errors.Is(err, vmfork.ErrPartial):
@@ -72,7 +76,7 @@ func exitCode(err error) int {
 }
 
 func newApp() *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:  "vmfork",
 		Usage: "fork(2) for full QEMU/KVM virtual machines",
 		Description: `vmfork boots a VM once and then forks it: one call turns a running VM into
@@ -103,9 +107,46 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			benchCommand,
 			libvirtCommand,
 		},
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
+		OnUsageError: onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {
 			// main maps errors to exit codes; urfave must not exit itself.
 		},
+		// Without an Action, urfave answers an unknown command with its help
+		// command's "No help topic" error, exit 1: bad input is exit 2.
+		Action: func(cliCtx *cli.Context) error {
+			if cliCtx.NArg() > 0 {
+				return usageError{fmt.Errorf("unknown command %q: see vmfork --help", cliCtx.Args().First())}
+			}
+			return cli.ShowAppHelp(cliCtx)
+		},
 	}
+	markUsageErrors(app.Commands)
+	return app
+}
+
+func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
+
+// markUsageErrors makes a flag that does not parse (--count abc) a usage
+// error, exit 2, in every command: urfave's OnUsageError is per command.
+func markUsageErrors(cmds []*cli.Command) {
+	for _, c := range cmds {
+		if c.OnUsageError == nil {
+			c.OnUsageError = onUsageError
+		}
+		if len(c.Subcommands) > 0 && c.Action == nil {
+			c.Action = unknownSubcommand
+		}
+		markUsageErrors(c.Subcommands)
+	}
+}
+
+// unknownSubcommand answers `vmfork template nosuch` (urfave would say "No
+// help topic", exit 1) and shows the group's help when no subcommand is
+// named.
+func unknownSubcommand(cliCtx *cli.Context) error {
+	if cliCtx.NArg() > 0 {
+		return usageError{fmt.Errorf("unknown command %q for %q: see vmfork %s --help",
+			cliCtx.Args().First(), cliCtx.Command.Name, cliCtx.Command.Name)}
+	}
+	return cli.ShowSubcommandHelp(cliCtx)
 }
