@@ -224,6 +224,7 @@ func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, e
 		return nil, err
 	}
 	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
+	tpl.SourceParent, tpl.SourceTemplate = src.Parent, src.Template
 	if src.Spec.Disk == "" {
 		tpl.Paths.Disk = "" // a diskless source freezes no disk
 	}

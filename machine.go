@@ -224,6 +224,10 @@ type Machine struct {
 	Parent   string          `json:"parent,omitempty"`
 	Template string          `json:"template,omitempty"`
 	Created  time.Time       `json:"created"`
+	// Expires is the machine's deadline (--ttl), zero for none: the reaper
+	// (ttl.go) removes the machine once it has passed, with no vmfork
+	// command running.
+	Expires time.Time `json:"expires,omitzero"`
 	// Adopted is set on a machine vmfork did not make but took charge of to
 	// fork it (adopt.go); nil for machines vmfork booted or forked.
 	Adopted *Adoption `json:"adopted,omitempty"`

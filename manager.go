@@ -15,6 +15,9 @@ type Manager struct {
 	Store  *Store
 	Driver Driver
 	Log    *logrus.Entry
+	// Reaper starts the process that enforces TTLs (ttl.go) when none runs;
+	// nil leaves expired machines to vmfork gc.
+	Reaper ReaperStarter
 }
 
 // NewManager returns a Manager. A nil log discards messages.

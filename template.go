@@ -48,6 +48,15 @@ type Template struct {
 	// PoolSize is how many QEMU processes a kept template keeps started
 	// ahead, waiting for a fork (pool.go).
 	PoolSize int `json:"pool_size,omitempty"`
+	// Expires is a kept template's deadline (template save --ttl), zero for
+	// none: the reaper (ttl.go) then gives the name up, and the template
+	// goes once its last child has gone.
+	Expires time.Time `json:"expires,omitzero"`
+	// SourceParent and SourceTemplate are the source's own lineage at the
+	// freeze, so that vmfork tree can place this template after its source
+	// machine was removed.
+	SourceParent   string `json:"source_parent,omitempty"`
+	SourceTemplate string `json:"source_template,omitempty"`
 }
 
 // TemplatePaths are a template's files. Disk is empty when the source had no

@@ -34,13 +34,15 @@ const (
 // Agent is a qemu-ga client over a Transport. Its methods are safe for concurrent use; the
 // transport runs one command at a time.
 type Agent struct {
-	t   Transport
-	log *logrus.Entry
+	t           Transport
+	log         *logrus.Entry
+	callTimeout time.Duration // see WithCallTimeout
 }
 
 // NewAgent returns an Agent that sends its commands through t.
 func NewAgent(t Transport, opts ...Option) *Agent {
-	return &Agent{t: t, log: buildOptions(opts).log}
+	o := buildOptions(opts)
+	return &Agent{t: t, log: o.log, callTimeout: o.callTimeout}
 }
 
 // Close closes the transport.
@@ -54,6 +56,8 @@ func (a *Agent) Execute(ctx context.Context, cmd string, args, result any) error
 	if err != nil {
 		return err
 	}
+	ctx, cancel := bound(ctx, a.callTimeout)
+	defer cancel()
 	a.log.WithField("qga_cmd", cmd).Debug("qga command")
 	raw, err := a.t.Command(ctx, req)
 	if err != nil {

@@ -47,6 +47,8 @@ var _ Transport = (*agentConn)(nil)
 // guest has no agent running, and the sync request then waits in the socket until one starts.
 func DialAgent(ctx context.Context, path string, opts ...Option) (*Agent, error) {
 	o := buildOptions(opts)
+	ctx, cancel := bound(ctx, o.callTimeout)
+	defer cancel()
 	c := &agentConn{
 		path: path,
 		log:  o.log.WithField("qga_socket", path),

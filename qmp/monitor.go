@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	goqmp "github.com/digitalocean/go-qemu/qmp"
 	"github.com/sirupsen/logrus"
@@ -26,9 +27,10 @@ type Greeting struct {
 // Monitor is a QMP client on one connection to QEMU. Its methods are safe for concurrent use. See
 // the package documentation for the reader, id and cancel model.
 type Monitor struct {
-	conn     net.Conn
-	log      *logrus.Entry
-	greeting Greeting
+	conn        net.Conn
+	log         *logrus.Entry
+	greeting    Greeting
+	callTimeout time.Duration // see WithCallTimeout
 
 	nextID atomic.Uint64
 	wsem   chan struct{} // held while writing one command; a channel so waiting honours ctx
@@ -68,21 +70,24 @@ type request struct {
 // with qmp_capabilities, all bounded by ctx. It tries once: while QEMU is still starting the socket
 // may not exist yet, and the caller decides how long to retry.
 func Dial(ctx context.Context, path string, opts ...Option) (*Monitor, error) {
+	o := buildOptions(opts)
+	ctx, cancel := bound(ctx, o.callTimeout)
+	defer cancel()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("qmp: dial %s: %w", path, err)
 	}
-	o := buildOptions(opts)
 	m := &Monitor{
-		conn:    c,
-		log:     o.log.WithField("qmp_socket", path),
-		wsem:    make(chan struct{}, 1),
-		fdsem:   make(chan struct{}, 1),
-		pending: make(map[string]chan message),
-		subs:    make(map[*subscriber]struct{}),
-		greeted: make(chan Greeting, 1),
-		done:    make(chan struct{}),
+		conn:        c,
+		callTimeout: o.callTimeout,
+		log:         o.log.WithField("qmp_socket", path),
+		wsem:        make(chan struct{}, 1),
+		fdsem:       make(chan struct{}, 1),
+		pending:     make(map[string]chan message),
+		subs:        make(map[*subscriber]struct{}),
+		greeted:     make(chan Greeting, 1),
+		done:        make(chan struct{}),
 	}
 	go m.read()
 
@@ -157,6 +162,8 @@ func (m *Monitor) ExecuteWithFile(ctx context.Context, cmd string, args any, f *
 }
 
 func (m *Monitor) execute(ctx context.Context, cmd string, args any, f *os.File, result any) error {
+	ctx, cancel := bound(ctx, m.callTimeout)
+	defer cancel()
 	id := "vmfork-" + strconv.FormatUint(m.nextID.Add(1), 10)
 	req, err := json.Marshal(request{Command: goqmp.Command{Execute: cmd, Args: omitNil(args)}, ID: id})
 	if err != nil {
