@@ -182,7 +182,9 @@ func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err e
 			errs = append(errs, err)
 		}
 	}
-	if e.Template != "" {
+	if e.Op == "pool" && tpl != nil {
+		mg.repairPool(ctx, tpl)
+	} else if e.Template != "" {
 		if tpl == nil {
 			// Reserved but never recorded: nothing can use it.
 			mg.Store.RemoveTemplate(e.Template)

@@ -129,6 +129,13 @@ func (mg *Manager) fillPool(ctx context.Context, t *Template) error {
 	if !ok && t.PoolSize > 0 {
 		return fmt.Errorf("template %q: driver %q has no warm pool: %w", t.Name, mg.Driver.Name(), ErrUnsupported)
 	}
+	// A fill cut short leaves members being started: the next command
+	// removes them (repairPool), not only the next fill of this pool.
+	done, err := mg.Store.journal(journalEntry{Op: "pool", Template: t.ID})
+	if err != nil {
+		return fmt.Errorf("template %q: %w", t.Name, err)
+	}
+	defer done()
 	members, err := mg.Store.listPool(t.ID)
 	if err != nil {
 		return err
@@ -283,4 +290,18 @@ func (mg *Manager) sweepPool(id string) {
 		}
 		os.RemoveAll(d)
 	}
+}
+
+// repairPool removes what an interrupted fill of template t's pool left:
+// members still being started and member directories nobody owns. The
+// caller holds the template's lock.
+func (mg *Manager) repairPool(ctx context.Context, t *Template) {
+	members, _ := mg.Store.listPool(t.ID)
+	for _, m := range members {
+		if m.State == StateCreating {
+			mg.removePoolMember(ctx, m)
+			mg.Log.WithFields(logrus.Fields{"template": t.ID, "member": m.Name}).Warn("removed a pool member an interrupted command left half-made")
+		}
+	}
+	mg.sweepPool(t.ID)
 }
