@@ -1,0 +1,336 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: vmfork developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: vmfork_fork
+short_description: Fork a running machine or a kept template into children
+version_added: 0.1.0
+description:
+  - Makes sure children of I(parent) exist, forking the missing ones with C(vmfork fork).
+    A running parent pauses for a fraction of a second and carries on; every child continues
+    from that instant, shares the parent's memory and disk copy-on-write and gets an identity
+    of its own (hostname, MAC and address, machine-id, SSH host keys, clock, RNG) before its
+    network link goes up. A kept template (M(vmfork.vmfork.vmfork_template)) as I(parent)
+    is not touched at all.
+  - Idempotent by name. Children are I(names), or I(prefix)-1 to I(prefix)-I(count).
+    Children that already exist are reported, not recreated; only missing ones are forked.
+  - The identity results of each new child are returned step by step.
+  - A fork where only some children came up fails the task with the CLI's exit code 3 and
+    returns the children that did come up; they stay.
+options:
+  parent:
+    description: The running or stopped machine, or the kept template, to fork.
+    type: str
+    required: true
+    aliases: [parent_vm, source]
+  names:
+    description: The children's names. Mutually exclusive with I(count).
+    type: list
+    elements: str
+  count:
+    description: How many children, named I(prefix)-1 to I(prefix)-I(count). Default 1 when I(names) is not given.
+    type: int
+  prefix:
+    description: Name prefix for I(count) children; defaults to I(parent).
+    type: str
+  hostname:
+    description:
+      - Hostname pattern (C(--hostname)) with C({n}) the child's index (its number in I(prefix)-I(n),
+        or its position in I(names)), C({name}) its name and C({parent}) the parent's.
+      - vmfork's default is C({name}).
+    type: str
+  customize:
+    description:
+      - An identity spec, as C(vmfork fork --customize) reads it (identity, hostname, network,
+        skip, timeouts, steps, on_failure); a dict, or the path of a YAML or JSON file on the managed host.
+      - The other options override it.
+    type: raw
+  identity:
+    description: C(fresh) gives each child a new vmgenid, clock and RNG state; C(reproducible) keeps the template's.
+    type: str
+    choices: [fresh, reproducible]
+  network:
+    description: C(dhcp), C(static) (with I(addresses)) or C(none) (only a new MAC).
+    type: str
+    choices: [dhcp, static, none]
+  addresses:
+    description: Static addresses in CIDR form, one per new child in order.
+    type: list
+    elements: str
+  skip_steps:
+    description: Identity steps not to run, for example C(vmfork.ssh-host-keys).
+    type: list
+    elements: str
+    default: []
+  parallel:
+    description: Children started at once.
+    type: int
+  max_children:
+    description: Refuse a fork of more children than this (vmfork's default is 128).
+    type: int
+  on_identity_failure:
+    description: Kill a child whose identity fails (C(kill)), or keep it with its network link down (C(keep)).
+    type: str
+    choices: [kill, keep]
+  wait_agent:
+    description:
+      - Check that the guest agent of every child that already existed answers, and fail if one does not.
+        New children are ready when the fork returns (their identity was set through the agent).
+    type: bool
+    default: true
+extends_documentation_fragment:
+  - action_common_attributes
+  - vmfork.vmfork.vmfork
+attributes:
+  check_mode:
+    support: full
+    details: Runs C(vmfork fork --dry-run) for the missing children; it checks everything as the real fork does and changes nothing.
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
+seealso:
+  - module: vmfork.vmfork.vmfork_template
+  - module: vmfork.vmfork.vmfork_info
+author:
+  - vmfork developers
+'''
+
+EXAMPLES = r'''
+- name: Three children web-1..web-3 with their own hostnames
+  vmfork.vmfork.vmfork_fork:
+    parent: web
+    count: 3
+    hostname: "node{n}"
+  register: burst
+
+- name: Named children from a kept template, static addresses
+  vmfork.vmfork.vmfork_fork:
+    parent: golden
+    names: [try-a, try-b]
+    network: static
+    addresses: [10.0.2.21/24, 10.0.2.22/24]
+    skip_steps: [vmfork.ssh-host-keys]
+
+- name: On a libvirt host, with an identity spec
+  vmfork.vmfork.vmfork_fork:
+    parent: desktop
+    count: 20
+    prefix: vdi
+    uri: qemu:///system
+    customize:
+      hostname: "vdi-{n}"
+      timeouts:
+        vmfork.agent: 30s
+'''
+
+RETURN = r'''
+children:
+  description: Every wanted child, in order, those forked now and those that existed.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name: {description: Machine name., type: str}
+    created: {description: Whether this task forked it., type: bool}
+    state: {description: Its state., type: str}
+    pid: {description: Its QEMU process., type: int}
+    mac: {description: The MAC its guest uses now., type: str}
+    hostname: {description: Its hostname., type: str}
+    addresses: {description: Its addresses in CIDR form., type: list, elements: str}
+    template: {description: The template it was forked from., type: str}
+    pause_ms: {description: How long the parent paused for the fork that made it (0 from a kept template)., type: float}
+    running_ms: {description: From the start of its creation until its vCPUs ran., type: float}
+    ready_ms: {description: From the start of its creation until its identity was set., type: float}
+    identity: {description: What the identity chain did, step by step (C(steps)), with mode, MAC, hostname, machine-id and vmgenid., type: dict}
+  sample: [{"name": "web-1", "created": true, "state": "running", "pid": 4301, "mac": "52:54:00:32:2e:f8",
+            "hostname": "node1", "addresses": ["10.0.2.16/24"], "template": "web.1", "pause_ms": 68.0,
+            "running_ms": 54.0, "ready_ms": 640.0,
+            "identity": {"mode": "fresh", "steps": [{"name": "vmfork.hostname", "status": "ok", "detail": "node1"}]}}]
+failed_children:
+  description: Children that did not come up, with the error of each.
+  returned: when some failed
+  type: list
+  elements: dict
+  sample: [{"name": "web-2", "error": "QEMU exited: ..."}]
+forks:
+  description: The JSON of each C(vmfork fork) run (one, or one per child when an C({n}) hostname must keep its numbering).
+  returned: when children were forked
+  type: list
+  elements: dict
+plans:
+  description: In check mode, what each fork would do (C(vmfork fork --dry-run --json)).
+  returned: in check mode, when children are missing
+  type: list
+  elements: dict
+'''
+
+import json
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
+    EXIT_PARTIAL, Vmfork, VmforkError, common_argument_spec)
+
+
+def wanted(p):
+    """The wanted children as (name, index) pairs."""
+    if p['names']:
+        return [(n, i + 1) for i, n in enumerate(p['names'])]
+    prefix = p['prefix'] or p['parent']
+    return [('%s-%d' % (prefix, i), i) for i in range(1, (p['count'] or 1) + 1)]
+
+
+def batches(p, missing):
+    """Splits the missing children into fork calls. vmfork's {n} is the
+    child's position in its fork; one call keeps it right when the missing
+    children are exactly 1..k. Otherwise each child is forked alone with
+    its own number filled in, so that a child forked later gets the
+    hostname it would have had in the first run."""
+    pattern = p['hostname']
+    if pattern is None and isinstance(p['customize'], dict):
+        pattern = p['customize'].get('hostname')
+    if pattern and '{n}' in pattern and [i for _, i in missing] != list(range(1, len(missing) + 1)):
+        return [([n], pattern.replace('{n}', str(i))) for n, i in missing]
+    return [([n for n, _ in missing], p['hostname'])]
+
+
+def fork_args(p, names, hostname, spec_file):
+    args = ['fork']
+    if hostname:
+        args += ['--hostname', hostname]
+    if spec_file:
+        args += ['--customize', spec_file]
+    for opt in ('identity', 'network', 'parallel', 'max_children', 'on_identity_failure'):
+        if p[opt] is not None:
+            args += ['--%s' % opt.replace('_', '-'), str(p[opt])]
+    for a in p['addresses'] or []:
+        args += ['--address', a]
+    for s in p['skip_steps']:
+        args += ['--skip-step', s]
+    return args + [p['parent']] + names
+
+
+def view_of_existing(m):
+    keys = ('name', 'state', 'pid', 'mac', 'hostname', 'addresses', 'parent', 'template')
+    v = dict((k, m.get(k)) for k in keys if k in m)
+    v['created'] = False
+    return v
+
+
+def view_of_new(child, fork):
+    ident = child.get('identity') or {}
+    return dict(name=child['name'], created=True, state=child.get('state'), pid=child.get('pid'),
+                mac=ident.get('mac'), hostname=ident.get('hostname'), addresses=ident.get('addresses') or [],
+                template=fork.get('template'), pause_ms=fork.get('pause_ms'), running_ms=child.get('running_ms'),
+                ready_ms=child.get('ready_ms'), identity=ident, ports=child.get('ports') or [])
+
+
+def belongs(m, parent, kept_id):
+    return parent in (m.get('parent'), m.get('template')) or (kept_id and m.get('template') == kept_id)
+
+
+def main():
+    spec = common_argument_spec()
+    spec.update(
+        parent=dict(type='str', required=True, aliases=['parent_vm', 'source']),
+        names=dict(type='list', elements='str'),
+        count=dict(type='int'),
+        prefix=dict(type='str'),
+        hostname=dict(type='str'),
+        customize=dict(type='raw'),
+        identity=dict(type='str', choices=['fresh', 'reproducible']),
+        network=dict(type='str', choices=['dhcp', 'static', 'none']),
+        addresses=dict(type='list', elements='str'),
+        skip_steps=dict(type='list', elements='str', default=[]),
+        parallel=dict(type='int'),
+        max_children=dict(type='int'),
+        on_identity_failure=dict(type='str', choices=['kill', 'keep']),
+        wait_agent=dict(type='bool', default=True),
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
+                           mutually_exclusive=[('names', 'count'), ('names', 'prefix')])
+    p = module.params
+    if p['count'] is not None and p['count'] < 1:
+        module.fail_json(msg='count must be at least 1, got %d' % p['count'])
+    if p['names'] is not None and not p['names']:
+        module.fail_json(msg='names must list at least one child')
+    if p['customize'] is not None and not isinstance(p['customize'], (dict, str)):
+        module.fail_json(msg='customize must be a dict or the path of a spec file')
+    vm = Vmfork(module)
+    want = wanted(p)
+    result = dict(changed=False, children=[])
+    spec_file = None
+    try:
+        machines = vm.machines()
+        kept = None if p['parent'] in machines else vm.kept(p['parent'])
+        kept_id = kept and kept.get('id')
+        existing = [(n, i) for n, i in want if n in machines]
+        for n, _ in existing:
+            if not belongs(machines[n], p['parent'], kept_id):
+                module.fail_json(msg='machine %r exists but is not a child of %r (its parent is %r)'
+                                     % (n, p['parent'], machines[n].get('parent')), rc=2)
+        missing = [(n, i) for n, i in want if n not in machines]
+        views = dict((n, view_of_existing(machines[n])) for n, _ in existing)
+        if isinstance(p['customize'], dict):
+            fd, spec_file = tempfile.mkstemp(prefix='vmfork-customize-', suffix='.json')
+            with os.fdopen(fd, 'w') as f:
+                json.dump(p['customize'], f)
+        elif p['customize']:
+            spec_file = p['customize']
+        if missing:
+            result['changed'] = True
+            key = 'plans' if module.check_mode else 'forks'
+            result[key] = []
+            for names, hostname in batches(p, missing):
+                args = fork_args(p, names, hostname, spec_file)
+                if module.check_mode:
+                    plan = vm.run(args[:1] + ['--dry-run'] + args[1:])
+                    result[key].append(plan)
+                    for c in plan.get('children') or []:
+                        views[c['name']] = dict(name=c['name'], created=True, hostname=c.get('hostname'),
+                                                state='planned')
+                    continue
+                try:
+                    fork = vm.run(args)
+                except VmforkError as e:
+                    fork = e.result if isinstance(e.result, dict) else {}
+                    for c in fork.get('children') or []:
+                        views[c['name']] = view_of_new(c, fork)
+                    result['children'] = [views[n] for n, _ in want if n in views]
+                    result['failed_children'] = fork.get('failed') or []
+                    result['forks'].append(fork)
+                    result['changed'] = bool(fork.get('children')) or bool(result['forks'][:-1])
+                    raise
+                result[key].append(fork)
+                for c in fork.get('children') or []:
+                    views[c['name']] = view_of_new(c, fork)
+        if p['wait_agent'] and not module.check_mode:
+            for n, _ in existing:
+                vm.run(['exec', n, '--', 'true'])
+        result['children'] = [views[n] for n, _ in want if n in views]
+        if module._diff:
+            result['diff'] = dict(before={'children': [n for n, _ in existing]},
+                                  after={'children': [n for n, _ in want]})
+    except VmforkError as e:
+        extra = dict((k, result[k]) for k in ('children', 'failed_children', 'forks') if k in result)
+        extra['changed'] = result['changed']
+        if e.rc == EXIT_PARTIAL:
+            extra['msg_detail'] = 'only some children came up; those stay and are listed in children'
+        vm.fail(e, **extra)
+    finally:
+        if spec_file and isinstance(p['customize'], dict):
+            os.remove(spec_file)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

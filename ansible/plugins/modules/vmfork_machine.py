@@ -1,0 +1,218 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: vmfork developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r'''
+module: vmfork_machine
+short_description: Boot, stop or remove a vmfork machine
+version_added: 0.1.0
+description:
+  - Boots a machine from a kernel (with an initrd) or a disk image, or both, with C(vmfork boot);
+    stops it with C(vmfork stop) or removes it with C(vmfork rm).
+  - Idempotent by name. A machine that exists is left as it is; its spec is not compared
+    (a warning says when memory or CPUs differ).
+  - A machine booted here can be forked with M(vmfork.vmfork.vmfork_fork).
+options:
+  name:
+    description: The machine's name (lowercase letters, digits and C(-)).
+    type: str
+    required: true
+  state:
+    description:
+      - C(running) boots the machine if it does not exist.
+      - C(stopped) shuts a running machine down and keeps its disk.
+      - C(absent) kills the machine and deletes it with all its files.
+      - vmfork has no start command, so C(running) fails for a machine that is stopped.
+    type: str
+    choices: [running, stopped, absent]
+    default: running
+  kernel:
+    description: Kernel image to boot directly (C(--kernel)); a path on the managed host.
+    type: path
+  initrd:
+    description: Initial ramdisk for I(kernel) (C(--initrd)).
+    type: path
+  append:
+    description: Kernel command line for I(kernel) (C(--append)); vmfork's default when unset.
+    type: str
+  disk:
+    description: Base disk image (qcow2 or raw); never written, the machine writes to an overlay on it.
+    type: path
+  memory:
+    description: Guest RAM, for example C(512M) or C(2G).
+    type: str
+    default: 512M
+  cpus:
+    description: Virtual CPUs.
+    type: int
+    default: 1
+  ports:
+    description: Loopback port forwards C(HOST:GUEST), or C(GUEST) for any free host port.
+    type: list
+    elements: str
+    default: []
+  force:
+    description: With C(stopped), kill QEMU at once; with C(absent), remove even when the process cannot be stopped.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - action_common_attributes
+  - vmfork.vmfork.vmfork
+attributes:
+  check_mode:
+    support: full
+    details: Runs C(vmfork boot --dry-run) or C(vmfork rm --dry-run), which check everything and change nothing.
+  diff_mode:
+    support: full
+  platform:
+    platforms: posix
+author:
+  - vmfork developers
+'''
+
+EXAMPLES = r'''
+- name: Boot the parent once
+  vmfork.vmfork.vmfork_machine:
+    name: web
+    kernel: /srv/guest/vmlinuz
+    initrd: /srv/guest/initrd.gz
+    disk: /srv/guest/data.qcow2
+    memory: 256M
+
+- name: Boot a domain on a libvirt host
+  vmfork.vmfork.vmfork_machine:
+    name: db
+    disk: /srv/images/debian.qcow2
+    cpus: 2
+    uri: qemu:///system
+
+- name: Remove it with everything it owns
+  vmfork.vmfork.vmfork_machine:
+    name: web
+    state: absent
+'''
+
+RETURN = r'''
+machine:
+  description: The machine as C(vmfork ls --json) shows it; empty when it is absent.
+  returned: always
+  type: dict
+  sample: {"name": "web", "state": "running", "driver": "qemu", "pid": 4242, "memory_mib": 256, "cpus": 1,
+           "mac": "52:54:00:d7:9b:6b", "ports": [], "disk": "/var/lib/vmfork/machines/web/disk.qcow2"}
+plan:
+  description: In check mode, what vmfork would do (C(--dry-run --json)).
+  returned: when check mode made a change
+  type: dict
+  sample: {"dry_run": true, "command": "boot", "changed": true, "machines": ["web"],
+           "actions": ["create machine \"web\" (256 MiB, 1 CPUs) with driver \"qemu\" and start it"]}
+'''
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
+    Vmfork, VmforkError, common_argument_spec)
+
+
+def boot_args(p):
+    args = []
+    for opt in ('kernel', 'initrd', 'append', 'disk', 'memory'):
+        if p.get(opt):
+            args += ['--%s' % opt, p[opt]]
+    args += ['--cpus', str(p['cpus'])]
+    for port in p['ports']:
+        args += ['--port', port]
+    return args + [p['name']]
+
+
+def mib(size):
+    """Memory size as the CLI reads it (512M, 2G; a bare number is MiB), in
+    MiB; None when it is not one."""
+    s = (size or '').strip().upper()
+    for suffix in ('B', 'I'):
+        if s.endswith(suffix):
+            s = s[:-1]
+    mult = 1
+    if s.endswith('G'):
+        mult, s = 1024, s[:-1]
+    elif s.endswith('M'):
+        s = s[:-1]
+    try:
+        return int(s) * mult
+    except ValueError:
+        return None
+
+
+def state_of(m):
+    return {'name': m['name'], 'state': m['state']} if m else {'state': 'absent'}
+
+
+def main():
+    spec = common_argument_spec()
+    spec.update(
+        name=dict(type='str', required=True),
+        state=dict(type='str', default='running', choices=['running', 'stopped', 'absent']),
+        kernel=dict(type='path'),
+        initrd=dict(type='path'),
+        append=dict(type='str'),
+        disk=dict(type='path'),
+        memory=dict(type='str', default='512M'),
+        cpus=dict(type='int', default=1),
+        ports=dict(type='list', elements='str', default=[]),
+        force=dict(type='bool', default=False),
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    p = module.params
+    vm = Vmfork(module)
+    name, want = p['name'], p['state']
+    force = ['--force'] if p['force'] else []
+    try:
+        m = vm.machines().get(name)
+        result = dict(changed=False, machine=m or {})
+        after = None
+        if want == 'absent' and m:
+            after = {'state': 'absent'}
+            if module.check_mode:
+                result['plan'] = vm.run(['rm', '--dry-run', name])
+            else:
+                vm.run(['rm'] + force + [name])
+            result['machine'] = {}
+        elif want == 'running' and not m:
+            after = {'name': name, 'state': 'running'}
+            if module.check_mode:
+                result['plan'] = vm.run(['boot', '--dry-run'] + boot_args(p))
+            else:
+                result['machine'] = vm.run(['boot'] + boot_args(p))
+        elif want == 'running' and m['state'] == 'stopped':
+            module.fail_json(msg='machine %r is stopped and vmfork has no start command: '
+                                 'remove it (state: absent) and boot it again' % name, machine=m)
+        elif want == 'stopped' and not m:
+            module.fail_json(msg='machine %r does not exist: nothing to stop' % name, rc=4)
+        elif want == 'stopped' and m['state'] != 'stopped':
+            after = {'name': name, 'state': 'stopped'}
+            if module.check_mode:
+                # stop has no --dry-run: it checks nothing beyond the name.
+                result['plan'] = {'dry_run': True, 'command': 'stop', 'changed': True, 'machines': [name],
+                                  'actions': ['shut machine %r down and keep its disk' % name]}
+            else:
+                result['machine'] = (vm.run(['stop'] + force + [name]) or [{}])[0]
+        elif m and want == 'running':
+            for key, value in (('memory_mib', mib(p['memory'])), ('cpus', p['cpus'])):
+                if value is not None and m.get(key) != value:
+                    module.warn('machine %r exists with %s=%s, not %s; it is left as it is'
+                                % (name, key, m.get(key), value))
+        if after is not None:
+            result['changed'] = True
+            if module._diff:
+                result['diff'] = dict(before=state_of(m), after=after)
+    except VmforkError as e:
+        vm.fail(e)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

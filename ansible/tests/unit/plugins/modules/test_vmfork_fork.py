@@ -1,0 +1,134 @@
+# -*- coding: utf-8 -*-
+# Copyright: vmfork developers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import unittest
+
+from ansible_collections.vmfork.vmfork.plugins.modules import vmfork_fork
+from ansible_collections.vmfork.vmfork.tests.unit.plugins.modules.utils import ModuleTestCase
+
+
+class TestVmforkFork(ModuleTestCase):
+    module = vmfork_fork
+
+    def setUp(self):
+        super(TestVmforkFork, self).setUp()
+        self.fake.add_machine('web')
+
+    def test_forks_count_children_with_a_hostname_pattern(self):
+        res = self.ok(dict(parent='web', count=3, hostname='node{n}'))
+        self.assertTrue(res['changed'])
+        self.assertEqual([c['name'] for c in res['children']], ['web-1', 'web-2', 'web-3'])
+        self.assertEqual([c['hostname'] for c in res['children']], ['node1', 'node2', 'node3'])
+        self.assertTrue(all(c['created'] and c['mac'] and c['pause_ms'] == 68.5 for c in res['children']))
+        self.assertEqual(res['children'][0]['identity']['steps'][0]['name'], 'vmfork.hostname')
+        # One fork call for the three, so the parent paused once.
+        self.assertEqual(self.fake.commands().count('fork'), 1)
+        fork = [c for c in self.fake.calls if c[0] == 'fork'][0]
+        self.assertEqual(fork[-1], '--json')
+        self.assertEqual(fork[-5:-1], ['web', 'web-1', 'web-2', 'web-3'])
+
+    def test_second_run_changes_nothing(self):
+        self.ok(dict(parent='web', count=2))
+        calls = len(self.fake.calls)
+        res = self.ok(dict(parent='web', count=2))
+        self.assertFalse(res['changed'])
+        self.assertEqual([c['name'] for c in res['children']], ['web-1', 'web-2'])
+        self.assertFalse(any(c['created'] for c in res['children']))
+        self.assertNotIn('fork', self.fake.commands()[calls:])
+        # wait_agent checks that the existing children answer.
+        self.assertEqual(self.fake.commands()[calls:].count('exec'), 2)
+
+    def test_only_missing_children_are_forked_and_keep_their_numbers(self):
+        self.fake.add_machine('web-1', parent='web', template='web.9', hostname='node1')
+        res = self.ok(dict(parent='web', count=3, hostname='node{n}'))
+        self.assertTrue(res['changed'])
+        forks = [c for c in self.fake.calls if c[0] == 'fork']
+        # {n} is a child's position in its fork: web-2 and web-3 are forked
+        # one by one with their own numbers filled in.
+        self.assertEqual([f[-2] for f in forks], ['web-2', 'web-3'])
+        self.assertEqual([f[f.index('--hostname') + 1] for f in forks], ['node2', 'node3'])
+        self.assertEqual([c['hostname'] for c in res['children']], ['node1', 'node2', 'node3'])
+        self.assertEqual([c['created'] for c in res['children']], [False, True, True])
+
+    def test_check_mode_runs_dry_run_and_changes_nothing(self):
+        res = self.ok(dict(parent='web', names=['a', 'b'], hostname='x-{n}'), check=True, diff=True)
+        self.assertTrue(res['changed'])
+        self.assertEqual(list(self.fake.machines), ['web'])
+        self.assertEqual(self.fake.templates, [])
+        fork = [c for c in self.fake.calls if c[0] == 'fork'][0]
+        self.assertIn('--dry-run', fork)
+        self.assertEqual(res['plans'][0]['children'][1]['hostname'], 'x-2')
+        self.assertEqual(res['diff'], {'before': {'children': []}, 'after': {'children': ['a', 'b']}})
+        self.assertNotIn('exec', self.fake.commands())
+
+    def test_check_mode_with_nothing_missing_reports_no_change(self):
+        self.ok(dict(parent='web', count=1))
+        res = self.ok(dict(parent='web', count=1), check=True, diff=True)
+        self.assertFalse(res['changed'])
+        self.assertEqual(res['diff']['before'], res['diff']['after'])
+
+    def test_partial_fork_returns_children_that_came_up_and_fails_with_exit_3(self):
+        self.fake.fail_children = {'web-2'}
+        res = self.failed(dict(parent='web', count=3))
+        self.assertEqual(res['rc'], 3)
+        self.assertIn('2 of 3 children came up', res['msg'])
+        self.assertEqual([c['name'] for c in res['children']], ['web-1', 'web-3'])
+        self.assertEqual([c['name'] for c in res['failed_children']], ['web-2'])
+        self.assertTrue(res['changed'])
+
+    def test_unknown_parent_fails_with_the_cli_error(self):
+        res = self.failed(dict(parent='nope', count=1))
+        self.assertEqual(res['rc'], 4)
+        self.assertEqual(res['msg'], "fork: machine 'nope': not found")
+        self.assertFalse(res['changed'])
+
+    def test_bad_arguments_fail_with_ansible_messages(self):
+        res = self.failed(dict(parent='web', names=['a'], count=2))
+        self.assertIn('parameters are mutually exclusive: names|count', res['msg'])
+        res = self.failed(dict(parent='web', count=0))
+        self.assertEqual(res['msg'], 'count must be at least 1, got 0')
+        res = self.failed(dict(parent='web', count='many'))
+        self.assertIn("argument 'count' is of type", res['msg'])
+        res = self.failed(dict(parent='web', colour='red'))
+        self.assertIn('Unsupported parameters', res['msg'])
+        res = self.failed(dict(count=1))
+        self.assertIn('missing required arguments: parent', res['msg'])
+        res = self.failed(dict(parent='web', identity='random'))
+        self.assertIn('value of identity must be one of: fresh, reproducible', res['msg'])
+        self.assertEqual(self.fake.calls, [])
+
+    def test_parent_vm_alias_and_kept_template_parent(self):
+        self.fake.add_template('golden', 'web')
+        res = self.ok(dict(parent_vm='golden', count=2))
+        self.assertEqual([c['name'] for c in res['children']], ['golden-1', 'golden-2'])
+        self.assertEqual(res['children'][0]['pause_ms'], 0)
+        res = self.ok(dict(parent_vm='golden', count=2))
+        self.assertFalse(res['changed'])
+
+    def test_a_machine_of_another_parent_is_not_taken_for_a_child(self):
+        self.fake.add_machine('db')
+        self.fake.add_machine('web-1', parent='db', template='db.1')
+        res = self.failed(dict(parent='web', count=1))
+        self.assertIn("is not a child of 'web'", res['msg'])
+        self.assertNotIn('fork', self.fake.commands())
+
+    def test_options_reach_the_cli(self):
+        self.ok(dict(parent='web', names=['a'], identity='reproducible', network='static',
+                     addresses=['10.0.2.21/24'], skip_steps=['vmfork.ssh-host-keys'], parallel=2,
+                     uri='qemu:///system', state_dir='/srv/vmfork', timeout=30, customize={'hostname': 'h{n}'}))
+        fork = [c for c in self.fake.calls if c[0] == 'fork'][0]
+        for flag, value in (('--identity', 'reproducible'), ('--network', 'static'), ('--address', '10.0.2.21/24'),
+                            ('--skip-step', 'vmfork.ssh-host-keys'), ('--parallel', '2')):
+            self.assertEqual(fork[fork.index(flag) + 1], value)
+        self.assertIn('--customize', fork)
+        self.assertEqual(self.fake.globals[:6], ['--state-dir', '/srv/vmfork', '--connect', 'qemu:///system',
+                                                 '--timeout', '30s'])
+
+
+if __name__ == '__main__':
+    unittest.main()
