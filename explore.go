@@ -1,0 +1,688 @@
+package vmfork
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/templates"
+)
+
+// Branch-and-explore: fork one branch per try from a running machine or a
+// kept template, run each try in its own branch through the guest agent,
+// score the branches, keep the winner as an ordinary machine and remove the
+// rest. Losers always die: an explore writes a record of its branches in
+// <state-dir>/explore/ before it forks, and if its process dies the reaper
+// (ttl.go) or vmfork gc removes every branch still listed there.
+
+// Explore defaults and bounds.
+const (
+	DefaultTryTimeout = 5 * time.Minute
+	DefaultTailBytes  = 512
+	// maxChanged bounds the changed files listed per try, to keep the
+	// result small enough for an agent's context; ChangedCount says how
+	// many there were.
+	maxChanged = 50
+	dirExplore = "explore"
+)
+
+// ExploreRequest asks for one branch of Source per try.
+type ExploreRequest struct {
+	Source string
+	// Tries are shell commands, each run with /bin/sh -c in its own branch.
+	Tries      []string
+	TryTimeout time.Duration // per try, and per score command; default DefaultTryTimeout
+	// Watch are guest paths whose files a try's changes are listed under.
+	Watch []string
+	// Score is a shell command run in each branch after its try; the last
+	// line of its stdout is a number, and the highest wins. Without it a
+	// try that exits 0 wins, the fastest first.
+	Score string
+	// KeepAs names the machine the winner is kept as; empty keeps the
+	// winner's branch under its own name.
+	KeepAs      string
+	KeepAll     bool // keep the losers too
+	Parallel    int  // branches started and tried at once; default 4
+	MaxChildren int  // default DefaultMaxChildren
+	// TTL gives every branch kept (the winner too) a deadline; 0 for none.
+	TTL       time.Duration
+	TailBytes int    // stdout and stderr tails kept per try; default DefaultTailBytes
+	Prefix    string // branches are PREFIX-1, PREFIX-2, ...; default SOURCE-try
+	Identity  IdentityOptions
+}
+
+// TryResult is one try. Its JSON form is kept small: an agent reads it.
+type TryResult struct {
+	Index      int     `json:"index"` // from 1, in the order given
+	Command    string  `json:"command"`
+	Branch     string  `json:"branch"`
+	ExitCode   int     `json:"exit_code"`
+	TimedOut   bool    `json:"timed_out,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
+	Stdout     string  `json:"stdout_tail"`
+	Stderr     string  `json:"stderr_tail"`
+	// Changed are the files under the watched paths the try added (A),
+	// modified (M) or deleted (D), as "M /path"; at most maxChanged.
+	Changed      []string `json:"changed,omitempty"`
+	ChangedCount int      `json:"changed_count,omitempty"`
+	Score        *float64 `json:"score,omitempty"`
+	// Error says why the branch has no result of its own (it did not come
+	// up, the agent failed, the score was not a number).
+	Error string `json:"error,omitempty"`
+	Kept  bool   `json:"kept"`
+}
+
+// ExploreResult is an explore's outcome. Its JSON form is a contract.
+type ExploreResult struct {
+	Source   string `json:"source"`
+	Template string `json:"template"`
+	// Winner is the machine the winning try was kept as; empty when no
+	// try won.
+	Winner    string      `json:"winner,omitempty"`
+	WinnerTry int         `json:"winner_try,omitempty"`
+	Kept      []string    `json:"kept"`
+	Removed   []string    `json:"removed"`
+	PauseMS   float64     `json:"pause_ms"`
+	Tries     []TryResult `json:"tries"`
+	ElapsedMS float64     `json:"elapsed_ms"`
+}
+
+// ErrNoWinner means no try of an explore won; the result still lists them.
+var ErrNoWinner = errors.New("no try won")
+
+// exploreRecord lists the branches an explore in flight must remove if its
+// process dies. Its process is named by PID and start time, so a reused PID
+// is not mistaken for it.
+type exploreRecord struct {
+	PID      int       `json:"pid"`
+	Start    uint64    `json:"start_ticks"`
+	Source   string    `json:"source"`
+	Branches []string  `json:"branches"`
+	Started  time.Time `json:"started"`
+	path     string
+}
+
+func (r *exploreRecord) alive() bool {
+	st, err := procStart(r.PID)
+	return err == nil && st == r.Start && templates.Running(r.PID)
+}
+
+// procStart reads a process's start time (clock ticks since boot) from
+// /proc/PID/stat: the 20th field after the parenthesised command name.
+func procStart(pid int) (uint64, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+func (s *Store) newExplore(source string, branches []string) (*exploreRecord, error) {
+	dir := filepath.Join(s.StateDir, dirExplore)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("explore record: %w", err)
+	}
+	start, err := procStart(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("explore record: %w", err)
+	}
+	f, err := os.CreateTemp(dir, source+"-*.json")
+	if err != nil {
+		return nil, fmt.Errorf("explore record: %w", err)
+	}
+	f.Close()
+	r := &exploreRecord{PID: os.Getpid(), Start: start, Source: source, Branches: branches, Started: time.Now().UTC(), path: f.Name()}
+	if err := r.save(); err != nil {
+		os.Remove(r.path)
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *exploreRecord) save() error {
+	if err := writeJSON(r.path, r); err != nil {
+		return fmt.Errorf("explore record: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) listExplores() ([]*exploreRecord, error) {
+	dir := filepath.Join(s.StateDir, dirExplore)
+	es, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("explore records: %w", err)
+	}
+	var rs []*exploreRecord
+	for _, e := range es {
+		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		r := &exploreRecord{path: filepath.Join(dir, e.Name())}
+		if err := readJSON(r.path, r); err != nil {
+			continue // being written, or torn by a crash: the writer's PID is unknown
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
+}
+
+// reapExplores removes the branches of explores whose process is gone.
+func (mg *Manager) reapExplores(ctx context.Context, res *ReapResult, fail func(string, error)) {
+	rs, _ := mg.Store.listExplores()
+	repaired := false
+	for _, r := range rs {
+		if r.alive() {
+			res.wait(time.Time{})
+			continue
+		}
+		if !repaired {
+			// The explore may have died inside its fork: resume the source
+			// first, as the next command would.
+			if err := mg.Recover(ctx); err != nil {
+				mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
+			}
+			repaired = true
+		}
+		left := 0
+		for _, b := range r.Branches {
+			m, err := mg.Store.LoadMachine(b)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err == nil && m.Driver != mg.Driver.Name() {
+				left++ // another driver's reaper removes it
+				continue
+			}
+			if err := mg.reapMachine(ctx, b, m.Expires); err != nil {
+				fail(b, err)
+				left++
+				continue
+			}
+			mg.Log.WithField("machine", b).Warn("removed a branch of an explore that died")
+			res.Removed = append(res.Removed, b)
+		}
+		if left == 0 {
+			os.Remove(r.path)
+		}
+	}
+}
+
+// Explore forks one branch of req.Source per try, runs the tries, keeps the
+// winner and removes the losers (all of them with KeepAll unset). Bad input
+// is refused before anything is forked. When no try wins, every branch is
+// removed (unless KeepAll) and the error wraps ErrNoWinner; the result
+// lists the tries either way.
+func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *ExploreResult, err error) {
+	start := time.Now()
+	if err := mg.checkExplore(req); err != nil {
+		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	if req.TryTimeout == 0 {
+		req.TryTimeout = DefaultTryTimeout
+	}
+	if req.TailBytes == 0 {
+		req.TailBytes = DefaultTailBytes
+	}
+	if req.Parallel <= 0 {
+		req.Parallel = 4
+	}
+	names, err := mg.branchNames(req)
+	if err != nil {
+		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	rec, err := mg.Store.newExplore(req.Source, names)
+	if err != nil {
+		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	if err := mg.EnsureReaper(ctx); err != nil {
+		mg.Log.WithError(err).Warn("could not start the reaper: a killed explore leaves its branches to vmfork gc")
+	}
+	log := mg.Log.WithField("machine", req.Source)
+	// Whatever happens below, every branch not kept goes before Explore
+	// returns; if this process dies, the record makes the reaper do it.
+	keep := map[string]bool{}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reapTimeout)
+		defer cancel()
+		removed, rerr := mg.removeBranches(rctx, names, keep, req.Parallel)
+		if res != nil {
+			res.Removed = append(res.Removed, removed...)
+		}
+		if rerr == nil {
+			os.Remove(rec.path)
+		}
+		err = errors.Join(err, rerr)
+	}()
+	fr, ferr := mg.Fork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel, MaxChildren: req.MaxChildren, Identity: req.Identity})
+	if fr == nil {
+		return nil, fmt.Errorf("explore: %w", ferr)
+	}
+	res = &ExploreResult{Source: req.Source, Template: fr.Template, PauseMS: fr.PauseMS, Kept: []string{}, Removed: []string{}}
+	log.WithFields(logrus.Fields{"template": fr.Template, "branches": len(fr.Children)}).Info("branches forked")
+	res.Tries = mg.runTries(ctx, req, names, fr)
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	w := pickWinner(res.Tries, req.Score != "")
+	if req.KeepAll {
+		for _, t := range res.Tries {
+			if mg.exists(t.Branch) {
+				keep[t.Branch] = true
+			}
+		}
+	}
+	if w < 0 {
+		res.ElapsedMS = ms(time.Since(start))
+		mg.markKept(res, keep)
+		return res, fmt.Errorf("explore %q: none of %d tries won: %w", req.Source, len(res.Tries), ErrNoWinner)
+	}
+	winner := res.Tries[w].Branch
+	res.WinnerTry = res.Tries[w].Index
+	res.Winner = winner
+	keep[winner] = true
+	if req.KeepAs != "" {
+		if err := mg.keepAs(ctx, winner, req); err != nil {
+			mg.markKept(res, keep)
+			return res, fmt.Errorf("explore %q: keep the winner %q as %q: %w", req.Source, winner, req.KeepAs, err)
+		}
+		res.Winner = req.KeepAs
+		if !req.KeepAll {
+			delete(keep, winner)
+		}
+	}
+	if req.TTL > 0 {
+		for n := range keep {
+			if _, err := mg.SetTTL(ctx, n, req.TTL); err != nil {
+				return res, fmt.Errorf("explore %q: %w", req.Source, err)
+			}
+		}
+	}
+	// Only the branches to remove stay in the record from here on.
+	rec.Branches = nil
+	for _, n := range names {
+		if !keep[n] {
+			rec.Branches = append(rec.Branches, n)
+		}
+	}
+	rec.save()
+	mg.markKept(res, keep)
+	if req.KeepAs != "" {
+		res.Kept = append([]string{req.KeepAs}, res.Kept...)
+	}
+	res.ElapsedMS = ms(time.Since(start))
+	return res, nil
+}
+
+func (mg *Manager) exists(name string) bool {
+	_, err := mg.Store.LoadMachine(name)
+	return err == nil
+}
+
+func (mg *Manager) markKept(res *ExploreResult, keep map[string]bool) {
+	for i := range res.Tries {
+		if keep[res.Tries[i].Branch] {
+			res.Tries[i].Kept = true
+			res.Kept = append(res.Kept, res.Tries[i].Branch)
+		}
+	}
+}
+
+// keepAs keeps the winning branch under req.KeepAs. A running QEMU cannot
+// be renamed (its sockets, its libvirt domain and its process's command
+// line carry the name), so the winner is forked once more, into KeepAs: the
+// new machine continues from the winner's instant with all its changes,
+// and the branch goes with the losers.
+func (mg *Manager) keepAs(ctx context.Context, winner string, req ExploreRequest) error {
+	if _, err := mg.Fork(ctx, ForkRequest{Source: winner, Names: []string{req.KeepAs}, Identity: req.Identity}); err != nil {
+		return err
+	}
+	if req.TTL > 0 {
+		_, err := mg.SetTTL(ctx, req.KeepAs, req.TTL)
+		return err
+	}
+	return nil
+}
+
+func (mg *Manager) checkExplore(req ExploreRequest) error {
+	if err := ValidateName(req.Source); err != nil {
+		return err
+	}
+	max := req.MaxChildren
+	if max <= 0 {
+		max = DefaultMaxChildren
+	}
+	switch {
+	case len(req.Tries) == 0:
+		return fmt.Errorf("no try given (--try or --tries-file): %w", ErrInvalid)
+	case len(req.Tries) > max:
+		return fmt.Errorf("%d tries is over the limit of %d children (raise it with --max-children): %w", len(req.Tries), max, ErrInvalid)
+	case req.TryTimeout < 0:
+		return fmt.Errorf("try timeout %s must be positive: %w", req.TryTimeout, ErrInvalid)
+	case req.TailBytes < 0:
+		return fmt.Errorf("tail size %d must not be negative: %w", req.TailBytes, ErrInvalid)
+	case req.Parallel < 0:
+		return fmt.Errorf("parallel %d must be positive: %w", req.Parallel, ErrInvalid)
+	}
+	for i, t := range req.Tries {
+		if strings.TrimSpace(t) == "" {
+			return fmt.Errorf("try %d is empty: %w", i+1, ErrInvalid)
+		}
+	}
+	for _, w := range req.Watch {
+		if !strings.HasPrefix(w, "/") {
+			return fmt.Errorf("watched path %q must be absolute: %w", w, ErrInvalid)
+		}
+	}
+	if err := CheckTTL(req.TTL); err != nil {
+		return err
+	}
+	if err := req.Identity.ValidateFor(len(req.Tries)); err != nil {
+		return err
+	}
+	if _, err := mg.Store.LoadMachine(req.Source); err != nil {
+		if _, kerr := mg.Store.FindKept(req.Source); kerr != nil {
+			return err
+		}
+	}
+	if req.KeepAs != "" {
+		if err := ValidateName(req.KeepAs); err != nil {
+			return fmt.Errorf("--keep-as: %w", err)
+		}
+		if mg.exists(req.KeepAs) {
+			return fmt.Errorf("--keep-as: machine %q: %w", req.KeepAs, ErrExists)
+		}
+		if _, err := mg.Store.FindKept(req.KeepAs); err == nil {
+			return fmt.Errorf("--keep-as: %q is a kept template: %w", req.KeepAs, ErrExists)
+		}
+	}
+	return nil
+}
+
+// branchNames picks the next free names PREFIX-1, PREFIX-2, ...
+func (mg *Manager) branchNames(req ExploreRequest) ([]string, error) {
+	prefix := req.Prefix
+	if prefix == "" {
+		prefix = req.Source + "-try"
+	}
+	var names []string
+	for i := 1; len(names) < len(req.Tries); i++ {
+		n := fmt.Sprintf("%s-%d", prefix, i)
+		if err := ValidateName(n); err != nil {
+			return nil, fmt.Errorf("branch prefix %q: %w", prefix, err)
+		}
+		if _, err := mg.Store.FindKept(n); err == nil || n == req.KeepAs {
+			continue
+		}
+		if _, err := mg.Store.LoadMachine(n); errors.Is(err, ErrNotFound) {
+			names = append(names, n)
+		}
+	}
+	return names, nil
+}
+
+// removeBranches removes the branches not in keep, parallel at once.
+func (mg *Manager) removeBranches(ctx context.Context, names []string, keep map[string]bool, parallel int) ([]string, error) {
+	var (
+		mu      sync.Mutex
+		removed []string
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	sem := make(chan struct{}, max(parallel, 1))
+	for _, n := range names {
+		if keep[n] || !mg.exists(n) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			err := mg.Remove(ctx, n, true)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				errs = append(errs, fmt.Errorf("remove branch %q: %w", n, err))
+				return
+			}
+			removed = append(removed, n)
+		}()
+	}
+	wg.Wait()
+	sort.Strings(removed)
+	return removed, errors.Join(errs...)
+}
+
+// runTries runs every try in its branch, parallel at once.
+func (mg *Manager) runTries(ctx context.Context, req ExploreRequest, names []string, fr *ForkResult) []TryResult {
+	failed := map[string]string{}
+	for _, f := range fr.Failed {
+		failed[f.Name] = f.Error
+	}
+	out := make([]TryResult, len(req.Tries))
+	sem := make(chan struct{}, req.Parallel)
+	var wg sync.WaitGroup
+	for i, cmd := range req.Tries {
+		out[i] = TryResult{Index: i + 1, Command: cmd, Branch: names[i], ExitCode: -1}
+		if e, ok := failed[names[i]]; ok {
+			out[i].Error = "branch did not come up: " + e
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			mg.runTry(ctx, req, &out[i])
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// runTry runs one try in its branch and fills r.
+func (mg *Manager) runTry(ctx context.Context, req ExploreRequest, r *TryResult) {
+	log := mg.Log.WithFields(logrus.Fields{"machine": r.Branch, "try": r.Index})
+	m, err := mg.Store.LoadMachine(r.Branch)
+	if err != nil {
+		r.Error = err.Error()
+		return
+	}
+	agent, err := mg.Driver.Agent(ctx, m)
+	if err != nil {
+		r.Error = fmt.Sprintf("agent: %v", err)
+		return
+	}
+	defer agent.Close()
+	var before map[string]string
+	if len(req.Watch) > 0 {
+		if before, err = snapshotFiles(ctx, agent, req.Watch, req.TryTimeout); err != nil {
+			r.Error = fmt.Sprintf("watch before the try: %v", err)
+			return
+		}
+	}
+	tctx, cancel := context.WithTimeout(ctx, req.TryTimeout)
+	start := time.Now()
+	st, err := agent.Run(tctx, shellRequest(r.Command))
+	r.DurationMS = ms(time.Since(start))
+	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
+	cancel()
+	r.Stdout, r.Stderr = tail(st.Stdout, req.TailBytes), tail(st.Stderr, req.TailBytes)
+	switch {
+	case timedOut:
+		// The command runs on in the guest; its branch is a loser and goes.
+		r.TimedOut = true
+		log.Info("try timed out")
+		return
+	case err != nil:
+		r.Error = err.Error()
+		return
+	}
+	r.ExitCode = exitCode(st)
+	log.WithFields(logrus.Fields{"exit_code": r.ExitCode, "elapsed": time.Duration(r.DurationMS * 1e6).Round(time.Millisecond)}).Info("try done")
+	if len(req.Watch) > 0 {
+		after, err := snapshotFiles(ctx, agent, req.Watch, req.TryTimeout)
+		if err != nil {
+			r.Error = fmt.Sprintf("watch after the try: %v", err)
+			return
+		}
+		r.Changed = diffFiles(before, after)
+		if r.ChangedCount = len(r.Changed); r.ChangedCount > maxChanged {
+			r.Changed = r.Changed[:maxChanged]
+		}
+	}
+	if req.Score != "" {
+		sctx, cancel := context.WithTimeout(ctx, req.TryTimeout)
+		defer cancel()
+		st, err := agent.Run(sctx, shellRequest(req.Score))
+		if err != nil {
+			r.Error = fmt.Sprintf("score: %v", err)
+			return
+		}
+		s, err := parseScore(st)
+		if err != nil {
+			r.Error = fmt.Sprintf("score: %v", err)
+			return
+		}
+		r.Score = &s
+	}
+}
+
+func shellRequest(cmd string) qmp.ExecRequest {
+	return qmp.ExecRequest{Path: "/bin/sh", Args: []string{"-c", cmd}, CaptureOutput: true}
+}
+
+// exitCode follows the shell: a command killed by signal N exits 128+N.
+func exitCode(st qmp.ExecStatus) int {
+	if st.Signal > 0 {
+		return 128 + st.Signal
+	}
+	return st.ExitCode
+}
+
+// tail returns the last n bytes of b as valid UTF-8.
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return strings.ToValidUTF8(string(b), "")
+}
+
+// parseScore reads the last non-empty line of a score command's stdout as
+// a number. A score command that fails scores nothing.
+func parseScore(st qmp.ExecStatus) (float64, error) {
+	if c := exitCode(st); c != 0 {
+		return 0, fmt.Errorf("score command exited %d: %s", c, tail(bytes.TrimSpace(st.Stderr), 200))
+	}
+	lines := strings.Split(strings.TrimSpace(string(st.Stdout)), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	f, err := strconv.ParseFloat(last, 64)
+	if err != nil {
+		return 0, fmt.Errorf("score command printed %q, not a number", tail([]byte(last), 80))
+	}
+	return f, nil
+}
+
+// pickWinner returns the index of the winning try, or -1. A try that timed
+// out or has an error never wins. Without a score command a try that
+// exited 0 wins, the fastest first; with one the highest score wins, then
+// a try that exited 0, then the fastest.
+func pickWinner(tries []TryResult, scored bool) int {
+	best := -1
+	better := func(a, b TryResult) bool {
+		if scored && *a.Score != *b.Score {
+			return *a.Score > *b.Score
+		}
+		if (a.ExitCode == 0) != (b.ExitCode == 0) {
+			return a.ExitCode == 0
+		}
+		return a.DurationMS < b.DurationMS
+	}
+	for i, t := range tries {
+		if t.Error != "" || t.TimedOut || (scored && t.Score == nil) || (!scored && t.ExitCode != 0) {
+			continue
+		}
+		if best < 0 || better(t, tries[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+// snapshotScript lists every regular file under the paths given as its
+// arguments with an MD5 of its content, which finds changes that keep a
+// file's size and fall within its mtime's granularity. Paths that do not
+// exist list nothing.
+const snapshotScript = `for p in "$@"; do [ -e "$p" ] && find "$p" -type f -exec md5sum {} + ; done 2>/dev/null; exit 0`
+
+// snapshotFiles maps each file under paths to its content hash.
+func snapshotFiles(ctx context.Context, agent *qmp.Agent, paths []string, timeout time.Duration) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := agent.Run(ctx, qmp.ExecRequest{
+		Path: "/bin/sh", Args: append([]string{"-c", snapshotScript, "sh"}, paths...), CaptureOutput: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if st.OutTruncated {
+		return nil, fmt.Errorf("the file list under %s is over the agent's output limit", strings.Join(paths, " "))
+	}
+	return parseSnapshot(st.Stdout), nil
+}
+
+// parseSnapshot reads md5sum lines: "HASH  PATH".
+func parseSnapshot(out []byte) map[string]string {
+	files := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		sum, path, ok := strings.Cut(line, "  ")
+		if ok && path != "" {
+			files[path] = sum
+		}
+	}
+	return files
+}
+
+// diffFiles lists the files added (A), modified (M) and deleted (D)
+// between two snapshots, sorted by path.
+func diffFiles(before, after map[string]string) []string {
+	var out []string
+	for p, sum := range after {
+		switch old, ok := before[p]; {
+		case !ok:
+			out = append(out, "A "+p)
+		case old != sum:
+			out = append(out, "M "+p)
+		}
+	}
+	for p := range before {
+		if _, ok := after[p]; !ok {
+			out = append(out, "D "+p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i][2:] < out[j][2:] })
+	return out
+}
