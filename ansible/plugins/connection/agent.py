@@ -59,7 +59,7 @@ options:
       - name: LIBVIRT_DEFAULT_URI
   vmfork_ssh_host:
     description:
-      - Run vmfork on this host over C(ssh) (C([user@]host)) instead of on the controller: for fleets,
+      - Run vmfork on this host over C(ssh) (C([user@]host)) instead of on the controller, for fleets
         where each libvirt host forks its own children. Files then travel on the ssh pipe.
       - The vmfork.vmfork.burst role sets it for children of hosts it reaches over SSH.
     type: str

@@ -13,8 +13,8 @@ short_description: List vmfork machines, templates and their lineage
 version_added: 0.1.0
 description:
   - Returns every machine (C(vmfork ls --json)) and every template (C(vmfork template ls --json))
-    on the managed host, and the lineage between them: which machine each was forked from,
-    through which template, and which children each has.
+    on the managed host, and the lineage between them (which machine each was forked from,
+    through which template, and which children each has).
 options:
   name:
     description: Only this machine or kept template (and its lineage entry).
