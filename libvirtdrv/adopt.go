@@ -219,6 +219,7 @@ func specOf(def *libvirtxml.Domain) vmfork.Spec {
 	if def.Devices != nil && len(def.Devices.Interfaces) > 0 && def.Devices.Interfaces[0].MAC != nil {
 		s.MAC = def.Devices.Interfaces[0].MAC.Address
 	}
+	s.Network = networkOf(def)
 	return s
 }
 

@@ -123,11 +123,7 @@ func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)
 			add("<filesystem><driver type='virtiofs'/>", "virtiofs needs really shared memory, which a fork child does not have", "remove it")
 		}
 	}
-	for _, n := range dv.Interfaces {
-		if n.Source != nil && n.Source.VHostUser != nil {
-			add("<interface type='vhostuser'>", "vhost-user needs really shared memory, which a fork child does not have", "use another interface type")
-		}
-	}
+	checkInterfaces(dv.Interfaces, add)
 }
 
 // checkDisks checks the writable disks: a child gets a qcow2 overlay on its

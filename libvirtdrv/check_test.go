@@ -11,6 +11,13 @@ import (
 	"github.com/vmfork/vmfork"
 )
 
+// The source's NIC in testdata/source-migratable.xml, and one on a libvirt
+// network as libvirt shows it live.
+const (
+	userNIC    = "<interface type='user'>"
+	networkNIC = "<interface type='network'>\n      <source network='lab' portid='5e1c4e36-0f9a-4a41-8d55-0b1c2a3d4e5f' bridge='virbr7'/>"
+)
+
 func TestCheck(t *testing.T) {
 	cases := []struct {
 		name string
@@ -50,6 +57,16 @@ func TestCheck(t *testing.T) {
 			s = strings.Replace(s, "<source type='file'/>", "", 1)
 			return strings.Replace(s, "<memballoon", "<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='5' slot='0' function='0'/></source></hostdev><memballoon", 1)
 		}, []string{"<memoryBacking><source type='file'/>", "<hostdev type='pci'>"}},
+		{"libvirt network", func(s string) string { return strings.Replace(s, userNIC, networkNIC, 1) }, nil},
+		{"bridge", func(s string) string {
+			return strings.Replace(s, userNIC, "<interface type='bridge'>\n      <source bridge='br0'/>", 1)
+		}, nil},
+		{"second NIC on a shared network, third on user", func(s string) string {
+			return strings.Replace(s, "<serial type='pty'>", networkNIC+"<model type='virtio'/></interface><interface type='user'><model type='virtio'/></interface><serial type='pty'>", 1)
+		}, []string{"<interface type='network'> (NIC 2)"}},
+		{"SR-IOV NIC", func(s string) string {
+			return strings.Replace(s, userNIC, "<interface type='hostdev'>\n      <source><address type='pci' domain='0' bus='5' slot='0' function='1'/></source>", 1)
+		}, []string{"<interface type='hostdev'>"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

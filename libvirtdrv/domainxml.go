@@ -110,7 +110,7 @@ func bootDevices(m *vmfork.Machine) *libvirtxml.DomainDeviceList {
 		Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
 		Interfaces: []libvirtxml.DomainInterface{{
 			MAC:    &libvirtxml.DomainInterfaceMAC{Address: m.Spec.MAC},
-			Source: &libvirtxml.DomainInterfaceSource{User: &libvirtxml.DomainInterfaceSourceUser{}},
+			Source: interfaceSource(m.Spec.Network),
 			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 		}},
 		Serials: []libvirtxml.DomainSerial{{
@@ -171,17 +171,7 @@ func ChildXML(sourceXML string, c *vmfork.Machine, md Metadata) (*libvirtxml.Dom
 	if err := childDisks(d.Devices, c); err != nil {
 		return nil, err
 	}
-	for i := range d.Devices.Interfaces {
-		ifc := &d.Devices.Interfaces[i]
-		ifc.Target, ifc.Alias, ifc.Link = nil, nil, nil
-		// The guest keeps the source's MAC until the identity chain changes
-		// it (it travels in the migration stream); the XML shows the one it
-		// is told to take.
-		ifc.MAC = nil
-		if i == 0 && c.Spec.MAC != "" {
-			ifc.MAC = &libvirtxml.DomainInterfaceMAC{Address: c.Spec.MAC}
-		}
-	}
+	childInterfaces(d.Devices.Interfaces, c)
 	for i := range d.Devices.Serials {
 		s := &d.Devices.Serials[i]
 		if s.Source != nil && s.Source.Pty != nil {
@@ -217,6 +207,10 @@ func ChildXML(sourceXML string, c *vmfork.Machine, md Metadata) (*libvirtxml.Dom
 	// its own; QEMU 7.2 cannot set x-ignore-shared on its command line, so
 	// the stream is loaded later over QMP (reference §9).
 	d.QEMUCommandline.Args = append(d.QEMUCommandline.Args,
+		// After the load QEMU would announce the NIC with RARP frames and
+		// have the guest announce the source's addresses: on a shared
+		// network that steals the source's traffic (network.go).
+		libvirtxml.DomainQEMUCommandlineArg{Value: "-global"}, libvirtxml.DomainQEMUCommandlineArg{Value: "migration.announce-rounds=0"},
 		libvirtxml.DomainQEMUCommandlineArg{Value: "-incoming"}, libvirtxml.DomainQEMUCommandlineArg{Value: "defer"})
 	return d, nil
 }

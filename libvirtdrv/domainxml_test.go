@@ -143,8 +143,12 @@ func TestChildXMLKeepsDeviceModel(t *testing.T) {
 		t.Errorf("child metadata = %+v, want its own with the template RAM", md)
 	}
 	args := child.QEMUCommandline.Args
-	if len(args) != 2 || args[0].Value != "-incoming" || args[1].Value != "defer" {
-		t.Errorf("qemu:commandline = %+v, want -incoming defer", args)
+	var words []string
+	for _, a := range args {
+		words = append(words, a.Value)
+	}
+	if got := strings.Join(words, " "); got != "-global migration.announce-rounds=0 -incoming defer" {
+		t.Errorf("qemu:commandline = %q, want no announce after the load and -incoming defer", got)
 	}
 }
 

@@ -89,6 +89,9 @@ func (d *Driver) Name() string { return Name }
 // record is the machine's definition; libvirt forgets a transient domain when
 // it stops, so nothing stale stays defined), and waits for the guest agent.
 func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
+	if err := d.CheckNetwork(ctx, m); err != nil {
+		return err
+	}
 	if err := d.resolve(ctx, m); err != nil {
 		return err
 	}
