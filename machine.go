@@ -77,6 +77,9 @@ func ParseMemory(s string) (int, error) {
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("memory size %q: want a size such as 512M or 2G: %w", s, ErrInvalid)
 	}
+	if n > MaxMemoryMiB/mult {
+		return 0, fmt.Errorf("memory size %q: more than %d TiB: %w", s, MaxMemoryMiB>>20, ErrInvalid)
+	}
 	return n * mult, nil
 }
 
@@ -133,6 +136,10 @@ func PickPorts(ports []PortForward) (err error) {
 // Limits on a Spec.
 const (
 	MinMemoryMiB = 64
+	// MaxMemoryMiB bounds a parsed size (16 TiB, QEMU's x86 limit is
+	// higher) so that no size overflows; the host's own memory is checked
+	// in Validate.
+	MaxMemoryMiB = 16 << 20
 	MaxCPUs      = 64
 )
 
@@ -168,6 +175,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.CPUs < 1 || s.CPUs > MaxCPUs {
 		return fmt.Errorf("cpus %d must be from 1 to %d: %w", s.CPUs, MaxCPUs, ErrInvalid)
+	}
+	if err := s.validateOnHost(); err != nil {
+		return err
 	}
 	if err := s.validateNetwork(); err != nil {
 		return err

@@ -54,6 +54,22 @@ func OpenStore(stateDir, memDir string) (*Store, error) {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}
+	// Only vmfork reads machine records, sockets, disks and guest RAM: a top
+	// directory made by someone else (or before) loses read and write for
+	// group and others. Search for others stays where it was given: the
+	// libvirt driver grants it so that an adopted domain's QEMU, running as
+	// libvirt's user, reaches the files vmfork names to it.
+	for _, d := range []string{s.StateDir, s.MemDir} {
+		st, err := os.Stat(d)
+		if err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		if perm := st.Mode().Perm(); perm&0o066 != 0 {
+			if err := os.Chmod(d, perm&^0o066); err != nil {
+				return nil, fmt.Errorf("open store: make %s private: %w", d, err)
+			}
+		}
+	}
 	return s, nil
 }
 

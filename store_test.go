@@ -97,3 +97,25 @@ func TestStoreLock(t *testing.T) {
 	}
 	unlock2()
 }
+
+func TestOpenStoreMakesTopDirsPrivate(t *testing.T) {
+	state, mem := filepath.Join(t.TempDir(), "state"), filepath.Join(t.TempDir(), "mem")
+	for _, d := range []string{state, mem} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(d, 0o755) // whatever the umask
+	}
+	if _, err := OpenStore(state, mem); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{state, mem} {
+		st, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := st.Mode().Perm(); perm&0o066 != 0 {
+			t.Errorf("%s is %04o after OpenStore: group and others may still read it", d, perm)
+		}
+	}
+}
