@@ -274,7 +274,7 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 		if rerr == nil {
 			os.Remove(rec.path)
 		}
-		err = errors.Join(err, rerr)
+		err = joinLine(err, rerr)
 	}()
 	fr, ferr := mg.Fork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel, MaxChildren: req.MaxChildren, Identity: req.Identity})
 	if fr == nil {
@@ -473,7 +473,7 @@ func (mg *Manager) removeBranches(ctx context.Context, names []string, keep map[
 	}
 	wg.Wait()
 	sort.Strings(removed)
-	return removed, errors.Join(errs...)
+	return removed, joinLine(errs...)
 }
 
 // runTries runs every try in its branch, parallel at once.

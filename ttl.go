@@ -236,7 +236,7 @@ func (mg *Manager) Reap(ctx context.Context, now time.Time) (ReapResult, error) 
 		res.Released = append(res.Released, t.Name)
 	}
 	mg.reapExplores(ctx, &res, fail)
-	return res, errors.Join(errs...)
+	return res, joinLine(errs...)
 }
 
 // reapMachine removes machine name if its record still carries deadline
@@ -350,4 +350,27 @@ func removeIfExists(path string) error {
 		return err
 	}
 	return nil
+}
+
+// joinLine joins errors like errors.Join, on one line: vmfork's errors are
+// one line each.
+func joinLine(errs ...error) error {
+	var keep []error
+	for _, e := range errs {
+		if e != nil {
+			keep = append(keep, e)
+		}
+	}
+	switch len(keep) {
+	case 0:
+		return nil
+	case 1:
+		return keep[0]
+	}
+	format := strings.Repeat("%w; ", len(keep))
+	args := make([]any, len(keep))
+	for i, e := range keep {
+		args[i] = e
+	}
+	return fmt.Errorf(format[:len(format)-2], args...)
 }

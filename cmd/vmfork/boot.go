@@ -38,12 +38,16 @@ none is a NIC with nothing behind it.`,
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
 		&cli.StringFlag{Name: "network", Usage: "what the NIC is plugged into: user, bridge=BRIDGE, network=NAME (libvirt) or none", Value: "user"},
+		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 1 {
 			return usageError{fmt.Errorf("boot takes exactly one machine name, got %d arguments", cliCtx.NArg())}
+		}
+		if err := checkTTLFlag(cliCtx); err != nil {
+			return err
 		}
 		spec, err := bootSpec(cliCtx)
 		if err != nil {
@@ -64,6 +68,9 @@ none is a NIC with nothing behind it.`,
 		}
 		m, err := mg.Boot(ctx, cliCtx.Args().First(), spec)
 		if err != nil {
+			return err
+		}
+		if m.Expires, err = applyTTL(ctx, cliCtx, mg, m.Name); err != nil {
 			return err
 		}
 		if cliCtx.Bool("json") {

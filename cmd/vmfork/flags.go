@@ -91,7 +91,9 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 			return nil, err
 		}
 	}
-	return vmfork.NewManager(store, driver, log), nil
+	mg := vmfork.NewManager(store, driver, log)
+	mg.Reaper = reaperStarter(cliCtx)
+	return mg, nil
 }
 
 func printJSON(v any) error {
@@ -125,6 +127,9 @@ type machineView struct {
 	Disk      string               `json:"disk,omitempty"`
 	RAM       string               `json:"ram_file"`
 	Created   time.Time            `json:"created"`
+	// Expires is the --ttl deadline; TTLLeftS what is left of it.
+	Expires  time.Time `json:"expires,omitzero"`
+	TTLLeftS float64   `json:"ttl_left_s,omitempty"`
 }
 
 func viewOf(m *vmfork.Machine) machineView {
@@ -133,8 +138,9 @@ func viewOf(m *vmfork.Machine) machineView {
 		MemoryMiB: m.Spec.MemoryMiB, CPUs: m.Spec.CPUs, Accel: m.Accel, MAC: m.Spec.MAC,
 		Ports: m.Spec.Ports, Network: m.Spec.Network.Effective(), Parent: m.Parent, Template: m.Template,
 		QMP: m.Paths.QMP, QGA: m.Paths.QGA, Serial: m.Paths.Serial, RAM: m.Paths.RAM,
-		Created: m.Created,
+		Created: m.Created, Expires: m.Expires,
 	}
+	v.TTLLeftS = vmfork.TTLLeft(m.Expires, time.Now()).Seconds()
 	if v.Ports == nil {
 		v.Ports = []vmfork.PortForward{}
 	}

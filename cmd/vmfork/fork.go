@@ -69,12 +69,16 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		&cli.StringSliceFlag{Name: "step-timeout", Usage: "bound identity step NAME to a duration, as `NAME=DURATION`; repeatable"},
 		&cli.StringSliceFlag{Name: "extra-step", Usage: "copy host script FILE into each child and run it as step NAME (namespaced, e.g. acme.setup) at the end, as `NAME=FILE`; repeatable"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
+		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() < 1 {
 			return usageError{errors.New("fork needs a source machine: vmfork fork SOURCE [NAME...]")}
+		}
+		if err := checkTTLFlag(cliCtx); err != nil {
+			return err
 		}
 		req := vmfork.ForkRequest{
 			Source:      cliCtx.Args().First(),
@@ -110,6 +114,11 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		res, err := mg.Fork(ctx, req)
 		if res == nil {
 			return err
+		}
+		for _, c := range res.Children {
+			if _, terr := applyTTL(ctx, cliCtx, mg, c.Name); terr != nil {
+				err = joinLine(err, terr)
+			}
 		}
 		if cliCtx.Bool("json") {
 			if perr := printJSON(res); perr != nil {

@@ -38,14 +38,14 @@ QEMU exited on its own shows as stopped.`,
 			return printJSON(views)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSTATE\tPID\tMEMORY\tCPUS\tPARENT\tTEMPLATE\tHOSTNAME\tPORTS")
+		fmt.Fprintln(tw, "NAME\tSTATE\tPID\tMEMORY\tCPUS\tPARENT\tTEMPLATE\tHOSTNAME\tPORTS\tTTL")
 		for _, v := range views {
 			var ports []string
 			for _, p := range v.Ports {
 				ports = append(ports, p.String())
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%dM\t%d\t%s\t%s\t%s\t%s\n", v.Name, v.State, dash(v.PID), v.MemoryMiB, v.CPUs,
-				orDash(v.Parent), orDash(v.Template), orDash(v.Hostname), orDash(strings.Join(ports, ",")))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%dM\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.State, dash(v.PID), v.MemoryMiB, v.CPUs,
+				orDash(v.Parent), orDash(v.Template), orDash(v.Hostname), orDash(strings.Join(ports, ",")), ttlText(v))
 		}
 		return tw.Flush()
 	},

@@ -106,6 +106,11 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			logsCommand,
 			benchCommand,
 			libvirtCommand,
+			exploreCommand,
+			treeCommand,
+			extendCommand,
+			gcCommand,
+			reaperCommand,
 		},
 		OnUsageError: onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {

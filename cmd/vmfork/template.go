@@ -43,12 +43,16 @@ pre-fork hooks run first) into a template named NAME. NAME shares the
 namespace of machine names. With --pool K, K processes are started ahead.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "pool", Usage: fmt.Sprintf("processes to keep started ahead (0 to %d)", vmfork.MaxPoolSize)},
+		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 2 {
 			return usageError{errors.New("template save needs a running machine and a name: vmfork template save SOURCE NAME")}
+		}
+		if err := checkTTLFlag(cliCtx); err != nil {
+			return err
 		}
 		ctx, cancel := appContext(cliCtx)
 		defer cancel()
@@ -67,6 +71,9 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 		t, err := mg.Keep(ctx, req)
 		if t == nil {
 			return err
+		}
+		if _, terr := applyTTL(ctx, cliCtx, mg, req.Name); terr != nil {
+			err = joinLine(err, terr)
 		}
 		st, _ := mg.Templates(ctx)
 		for _, s := range st {

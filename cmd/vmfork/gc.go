@@ -1,0 +1,42 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+var gcCommand = &cli.Command{
+	Name:  "gc",
+	Usage: "remove now what is due: expired machines and templates, dead explores' branches, unused templates",
+	Description: `Does on demand what the reaper does on its own: removes machines whose TTL
+has passed, gives up kept templates whose TTL has passed (each goes once its
+last child has gone), removes the branches of explores whose process died,
+repairs forks a killed command left half-done, and removes templates no
+machine needs. Machines without a TTL are never touched.
+
+   vmfork gc --json`,
+	Flags: []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 0 {
+			return usageError{fmt.Errorf("gc takes no arguments")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		res, err := mg.GC(ctx)
+		if cliCtx.Bool("json") {
+			if perr := printJSON(res); perr != nil {
+				return perr
+			}
+			return err
+		}
+		fmt.Printf("removed %d machines (%s); released %d templates (%s); %d deadlines to come\n",
+			len(res.Removed), orDash(strings.Join(res.Removed, ",")), len(res.Released), orDash(strings.Join(res.Released, ",")), res.Pending)
+		return err
+	},
+}
