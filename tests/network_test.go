@@ -1,0 +1,288 @@
+//go:build integration
+
+package tests
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Children on real shared networks: a bridge with a DHCP server, for the
+// embedded driver, and an isolated libvirt network with its own dnsmasq,
+// for the libvirt driver. The test networks stay on this machine: the
+// bridge lives in a network namespace the test makes, the libvirt network
+// has no <forward>, and the only traffic is DHCP and a few bounded pings
+// among the test's own guests.
+
+// bridgeNet is a bridge with a DHCP server in a network namespace of its own.
+type bridgeNet struct {
+	ns, bridge string
+	gateway    string // the bridge's own address, the DHCP server's
+	leases     string // dnsmasq's lease file
+}
+
+// newBridgeNet makes namespace, bridge and dnsmasq, and removes them when the
+// test ends, pass or fail. Call it before newEnv, so that the env's cleanup
+// (which kills the test's QEMU processes, inside the namespace) runs first.
+func newBridgeNet(t *testing.T) *bridgeNet {
+	t.Helper()
+	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
+	id := hex.EncodeToString(sum[:3])
+	dir := t.TempDir()
+	b := &bridgeNet{ns: "vmfork-" + id, bridge: "vmfbr" + id, gateway: "10.231.0.1", leases: filepath.Join(dir, "leases")}
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("ip", "netns", "add", b.ns)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", b.ns).CombinedOutput(); err != nil {
+			t.Errorf("remove namespace %s: %v: %s", b.ns, err, out)
+		}
+	})
+	run("ip", "-n", b.ns, "link", "set", "lo", "up")
+	run("ip", "-n", b.ns, "link", "add", b.bridge, "type", "bridge")
+	run("ip", "-n", b.ns, "addr", "add", b.gateway+"/24", "dev", b.bridge)
+	run("ip", "-n", b.ns, "link", "set", b.bridge, "up")
+	// --no-ping: dnsmasq would first ping each address it offers and wait
+	// 3 s for no answer, one offer after another, which is a test of the
+	// guest's DHCP patience, not of the network.
+	cmd := exec.Command("ip", "netns", "exec", b.ns, "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
+		"--user=root", "--port=0", "--bind-interfaces", "--interface="+b.bridge, "--except-interface=lo",
+		"--dhcp-range=10.231.0.10,10.231.0.250,1h", "--dhcp-leasefile="+b.leases, "--no-ping",
+		"--log-dhcp", "--log-facility="+filepath.Join(dir, "dnsmasq.log"))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start dnsmasq: %v", err)
+	}
+	// ip netns exec execs dnsmasq: the PID is dnsmasq's.
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "dnsmasq.log"))
+			t.Logf("dnsmasq log:\n%s", tail(string(log), 40))
+		}
+	})
+	return b
+}
+
+// inNamespace makes e run vmfork inside b's namespace, so that QEMU's taps
+// and the bridge share it.
+func (b *bridgeNet) inNamespace(t *testing.T, e *env) {
+	t.Helper()
+	w := filepath.Join(t.TempDir(), "vmfork-in-"+b.ns)
+	script := fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", b.ns, e.bin)
+	if err := os.WriteFile(w, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.bin = w
+}
+
+// lease is one DHCP lease.
+type lease struct{ mac, ip string }
+
+// dnsmasqLeases reads dnsmasq's lease file: "expiry MAC IP hostname
+// client-id" per line.
+func (b *bridgeNet) dnsmasqLeases(t *testing.T) []lease {
+	t.Helper()
+	data, err := os.ReadFile(b.leases)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var ls []lease
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 {
+			ls = append(ls, lease{mac: strings.ToLower(f[1]), ip: f[2]})
+		}
+	}
+	return ls
+}
+
+// tapsOn lists the interfaces plugged into b's bridge.
+func (b *bridgeNet) tapsOn(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", b.ns, "-o", "link", "show", "master", b.bridge).Output()
+	if err != nil {
+		t.Fatalf("ip link show master %s: %v", b.bridge, err)
+	}
+	var taps []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			taps = append(taps, strings.TrimSuffix(f[1], ":"))
+		}
+	}
+	return taps
+}
+
+// TestNetworkBridgeChildren forks a source on a bridge with a DHCP server
+// into three children: each has a tap of its own on the bridge, a lease of
+// its own (none the parent's) and reaches the parent over the bridge; the
+// taps go with their machines. A missing bridge or one that is not a bridge
+// is refused before anything starts or pauses.
+func TestNetworkBridgeChildren(t *testing.T) {
+	b := newBridgeNet(t)
+	e := newEnv(t)
+	b.inNamespace(t, e)
+
+	for _, c := range []struct{ network, says string }{
+		{"bridge=vmfnobr0", `bridge "vmfnobr0" does not exist`},
+		{"bridge=lo", `interface "lo" is not a bridge`},
+		{"bridge=" + b.bridge + ",x", "not a valid interface"},
+	} {
+		r := e.vmfork("boot", "bad", "--kernel", e.guest.Kernel, "--initrd", e.guest.Initrd, "--network", c.network)
+		if r.code != 2 || !strings.Contains(r.stderr, c.says) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("boot --network %s: %s; want exit 2 and one line saying %q", c.network, r, c.says)
+		}
+	}
+	if ms := e.list(); len(ms) != 0 {
+		t.Fatalf("refused boots left machines: %+v", ms)
+	}
+
+	src := e.boot("src", "--network", "bridge="+b.bridge)
+	if got := e.networkOf("src"); got != "bridge="+b.bridge {
+		t.Errorf("ls --json: src's network is %q, want bridge=%s", got, b.bridge)
+	}
+	parentIP := b.leaseOf(t, src.MAC)
+	if parentIP == "" {
+		t.Fatalf("the source got no lease on the bridge: leases %+v", b.dnsmasqLeases(t))
+	}
+
+	res, r := e.forkID(0, "src", "--count", "3")
+	if len(res.Children) != 3 {
+		t.Fatalf("fork: %+v (%s), want three children", res, r)
+	}
+	if taps := b.tapsOn(t); len(taps) != 4 {
+		t.Errorf("taps on %s: %v, want one each for the source and its three children", b.bridge, taps)
+	}
+	ips := map[string]string{parentIP: "src"}
+	for _, c := range res.Children {
+		m := e.machine(c.Name)
+		if got := e.networkOf(c.Name); got != "bridge="+b.bridge {
+			t.Errorf("%s's network is %q, want its source's bridge=%s", c.Name, got, b.bridge)
+		}
+		if m.MAC == "" || m.MAC == src.MAC {
+			t.Errorf("%s's MAC %q: want one of its own, not the source's %s", c.Name, m.MAC, src.MAC)
+		}
+		ip := b.leaseOf(t, m.MAC)
+		if ip == "" {
+			t.Errorf("%s (%s) has no lease: %+v", c.Name, m.MAC, b.dnsmasqLeases(t))
+			continue
+		}
+		if other, dup := ips[ip]; dup {
+			t.Errorf("%s's lease %s is %s's too", c.Name, ip, other)
+		}
+		ips[ip] = c.Name
+		got := guestIPv4(e.exec(c.Name, "ip", "-4", "-o", "addr", "show", "dev", "eth0"))
+		if !contains(got, ip) || contains(got, parentIP) {
+			t.Errorf("%s's eth0 has %v: want its lease %s and not the parent's %s", c.Name, got, ip, parentIP)
+		}
+		if out, err := e.tryExec(c.Name, "ping", "-c", "2", "-W", "2", parentIP); err != nil {
+			t.Errorf("%s cannot ping the parent at %s over the bridge: %v: %s", c.Name, parentIP, err, out)
+		}
+	}
+
+	e.ok("rm", "--force", res.Children[0].Name, res.Children[1].Name, res.Children[2].Name)
+	if !eventually(30*time.Second, func() bool { return len(b.tapsOn(t)) == 1 }) {
+		t.Errorf("taps on %s after the children went: %v, want the source's only", b.bridge, b.tapsOn(t))
+	}
+
+	// A bridge gone since the source booted fails the fork before the
+	// pause: nothing is made and the source runs on.
+	if out, err := exec.Command("ip", "-n", b.ns, "link", "del", b.bridge).CombinedOutput(); err != nil {
+		t.Fatalf("remove the bridge: %v: %s", err, out)
+	}
+	r = e.vmfork("fork", "src")
+	if r.code != 2 || !strings.Contains(r.stderr, b.bridge) {
+		t.Errorf("fork of a source whose bridge is gone: %s, want exit 2 naming %s", r, b.bridge)
+	}
+	if ms := e.list(); len(ms) != 1 || ms[0].State != "running" {
+		t.Errorf("after the refused fork: %+v, want the source alone, running", ms)
+	}
+	if _, err := e.tryExec("src", "true"); err != nil {
+		t.Errorf("the source does not run commands after the refused fork: %v", err)
+	}
+}
+
+// leaseOf returns the address dnsmasq leased to mac, or "".
+func (b *bridgeNet) leaseOf(t *testing.T, mac string) string {
+	t.Helper()
+	for _, l := range b.dnsmasqLeases(t) {
+		if l.mac == strings.ToLower(mac) {
+			return l.ip
+		}
+	}
+	return ""
+}
+
+// networkOf returns machine name's network as `ls --json` shows it, in the
+// form --network takes.
+func (e *env) networkOf(name string) string {
+	e.t.Helper()
+	var ms []struct {
+		Name    string `json:"name"`
+		Network struct {
+			Kind string `json:"kind"`
+			Name string `json:"name"`
+		} `json:"network"`
+	}
+	e.jsonOK(&ms, "ls")
+	for _, m := range ms {
+		if m.Name == name {
+			if m.Network.Name != "" {
+				return m.Network.Kind + "=" + m.Network.Name
+			}
+			return m.Network.Kind
+		}
+	}
+	e.t.Fatalf("ls does not list %s", name)
+	return ""
+}
+
+// tryExec runs argv in machine name and returns its stdout, or an error
+// carrying the run when it does not exit 0.
+func (e *env) tryExec(name string, argv ...string) (string, error) {
+	e.t.Helper()
+	r := e.vmfork(append([]string{"exec", name, "--"}, argv...)...)
+	if r.code != 0 {
+		return r.stdout, fmt.Errorf("%s", r)
+	}
+	return r.stdout, nil
+}
+
+// guestIPv4 returns the IPv4 addresses (without prefix) in `ip -4 -o addr`
+// output.
+func guestIPv4(out string) []string {
+	var ips []string
+	for _, f := range strings.Fields(out) {
+		if p, err := netip.ParsePrefix(f); err == nil && p.Addr().Is4() {
+			ips = append(ips, p.Addr().String())
+		}
+	}
+	return ips
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
