@@ -9,7 +9,7 @@ DEBIAN_GUEST ?= /var/cache/vmfork/debian-guest
 BIN       ?= $(CURDIR)/bin/vmfork
 GO        ?= go
 
-.PHONY: all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all vet clean
+.PHONY: all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all vet clean ansible-unit
 
 all: build
 
@@ -37,6 +37,10 @@ vet:
 UNIT_FLAGS ?=
 unit:
 	$(GO) test -race -count=1 $(UNIT_FLAGS) ./...
+
+# The Ansible collection's unit tests (python3 -m unittest; no VM, no network).
+ansible-unit: deps
+	@ansible/tests/unit/run.sh
 
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
@@ -76,7 +80,7 @@ bench-scale: deps build guest
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
-test: deps vet unit integration
+test: deps vet unit ansible-unit integration
 
 clean:
 	rm -rf bin $(GUEST_OUT)
