@@ -26,11 +26,12 @@ die() {
 mirror=http://deb.debian.org/debian
 security=http://deb.debian.org/debian-security
 suite=bookworm
-# What a minimal Debian server with an agent has. Recommends are left out, as on a minbase
+# What a minimal Debian server with an agent has; python3 beside python3-minimal because
+# Ansible's modules import json, which python3-minimal lacks. Recommends are left out, as on a minbase
 # install; dbus is installed and masked at boot for the variant without it.
 packages=(
 	systemd-sysv udev dbus linux-image-amd64 initramfs-tools
-	openssh-server qemu-guest-agent python3-minimal
+	openssh-server qemu-guest-agent python3-minimal python3
 	iproute2 procps ifupdown isc-dhcp-client iputils-ping
 )
 outputs=(vmlinuz initrd.img root.qcow2 kernel-release variants)
