@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/templates"
 )
 
@@ -167,6 +170,11 @@ func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err e
 		defer unlock()
 	}
 	if src, err := mg.Store.LoadMachine(e.Source); err == nil && src.Driver == mg.Driver.Name() {
+		if tpl != nil {
+			if err := mg.repairSourceDisk(src, tpl); err != nil {
+				return false, fmt.Errorf("repair %q after an interrupted %s: %w", e.Source, e.Op, err)
+			}
+		}
 		if forker, ok := mg.Driver.(Forker); ok {
 			if st, _ := mg.Driver.Status(ctx, src); st != StateStopped {
 				if err := forker.Resume(ctx, src); err != nil {
@@ -200,6 +208,46 @@ func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err e
 		mg.Store.removeTempFiles(e.Template)
 	}
 	return len(errs) == 0, errors.Join(errs...)
+}
+
+// repairSourceDisk makes src's record name the top image its QEMU writes
+// after a freeze into tpl that was cut short. The freeze prepares the next
+// top (an overlay on tpl's frozen disk) before the pause and switches the
+// source to it inside the pause; the record learns of it only after the
+// freeze returns. A prepared top that a process holds open (QEMU's image
+// lock) is the source's top now; one nobody holds was never switched to and
+// goes. Without this the template's frozen disk, which the record does not
+// know to be under the source, would be collected from under the source.
+func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
+	if src.Spec.Disk == "" || tpl.Paths.Disk == "" || tpl.ForeignDisk {
+		return nil
+	}
+	tops, _ := filepath.Glob(filepath.Join(filepath.Dir(src.Paths.Disk), "disk*.qcow2"))
+	for _, top := range tops {
+		if top == src.Paths.Disk {
+			continue
+		}
+		chain, k, err := overlay.FindLayer(top, tpl.Paths.Disk)
+		if err != nil || k != 1 || len(chain) < 2 {
+			continue // not an overlay made on this template's disk
+		}
+		busy, err := overlay.InUse(top)
+		if err != nil {
+			return err
+		}
+		if !busy {
+			// Never switched to, or its QEMU is gone: the switch happens
+			// inside the pause, so the guest wrote nothing to it.
+			os.Remove(top)
+			continue
+		}
+		src.Paths.Disk = top
+		if err := mg.Store.SaveMachine(src); err != nil {
+			return err
+		}
+		mg.Log.WithFields(logrus.Fields{"machine": src.Name, "disk": top}).Warn("recorded the disk an interrupted fork had switched the machine to")
+	}
+	return nil
 }
 
 // repairMachine removes machine name if entry e's command made it and did
