@@ -45,7 +45,8 @@ small sizes first (--memory 256M --rounds 1, --count 5).`,
 
 // Flags every bench subcommand has.
 var benchCommonFlags = []cli.Flag{
-	&cli.StringFlag{Name: "guest", Usage: "directory of the built test guest (vmlinuz, initrd.gz, data.qcow2)", Value: defaultGuestDir(), EnvVars: []string{"VMFORK_GUEST"}},
+	&cli.StringFlag{Name: "guest", Usage: "directory of the built test guest (make guest), or of the Debian guest (make guest-debian: /var/cache/vmfork/debian-guest)", Value: defaultGuestDir(), EnvVars: []string{"VMFORK_GUEST"}},
+	&cli.StringFlag{Name: "guest-variant", Usage: "the Debian guest's variant, a name from its variants file (default: the first, ifupdown-dbus)"},
 	&cli.StringFlag{Name: "plot", Usage: "also write the figures as an SVG image to `FILE`"},
 	&cli.DurationFlag{Name: "settle", Usage: "how long each child runs after it answered before its memory is read", Value: 2 * time.Second},
 	jsonFlag,
@@ -233,7 +234,7 @@ func runBench(cliCtx *cli.Context, libvirtURI string, run func(context.Context, 
 	}
 	ctx, cancel := appContext(cliCtx)
 	defer cancel()
-	cfg := bench.Config{GuestDir: guest, LibvirtURI: libvirtURI, Settle: cliCtx.Duration("settle")}
+	cfg := bench.Config{GuestDir: guest, GuestVariant: cliCtx.String("guest-variant"), LibvirtURI: libvirtURI, Settle: cliCtx.Duration("settle")}
 	if !cliCtx.Bool("quiet") {
 		cfg.Progress = newProgress(os.Stderr)
 	}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,8 +24,13 @@ import (
 
 // Config says where the test guest is and where reports go.
 type Config struct {
-	// GuestDir holds the built test guest: vmlinuz, initrd.gz, data.qcow2.
+	// GuestDir holds the built test guest: vmlinuz, initrd.gz, data.qcow2
+	// (make guest), or the Debian guest: vmlinuz, initrd.img, root.qcow2 and
+	// its variants file (make guest-debian).
 	GuestDir string
+	// GuestVariant names the Debian guest's variant (its kernel command
+	// line); empty is the first in its variants file.
+	GuestVariant string
 	// LibvirtURI is the libvirt connection for the save/restore comparator
 	// (e.g. qemu:///system); empty leaves libvirt out.
 	LibvirtURI string
@@ -56,6 +63,9 @@ type Guest struct {
 	Kernel string `json:"kernel"`
 	Initrd string `json:"initrd"`
 	Disk   string `json:"disk"`
+	// Append is the guest's own kernel command line (the Debian guest's
+	// variant); empty means the busybox guest's, chosen per machine.
+	Append string `json:"append,omitempty"`
 }
 
 // Env is one benchmark run's world: its own vmfork state dir and mem dir, a
@@ -81,10 +91,9 @@ type Env struct {
 
 // NewEnv prepares a run. The caller must Close it.
 func NewEnv(ctx context.Context, cfg Config) (*Env, error) {
-	g := Guest{
-		Kernel: filepath.Join(cfg.GuestDir, "vmlinuz"),
-		Initrd: filepath.Join(cfg.GuestDir, "initrd.gz"),
-		Disk:   filepath.Join(cfg.GuestDir, "data.qcow2"),
+	g, err := guestFiles(cfg.GuestDir, cfg.GuestVariant)
+	if err != nil {
+		return nil, err
 	}
 	for _, p := range []string{g.Kernel, g.Initrd, g.Disk} {
 		if !filepath.IsAbs(p) {
@@ -251,10 +260,58 @@ func processesMentioning(dirs ...string) []int {
 	return pids
 }
 
-// spec is the test guest at memMiB of RAM with the kernel command line cmdline.
+// guestFiles finds the guest in dir: the Debian guest where its variants
+// file is, else the busybox guest.
+func guestFiles(dir, variant string) (Guest, error) {
+	variants, err := os.ReadFile(filepath.Join(dir, "variants"))
+	if errors.Is(err, fs.ErrNotExist) {
+		if variant != "" {
+			return Guest{}, fmt.Errorf("guest variant %q: %s is not the Debian guest (no variants file): %w", variant, dir, vmfork.ErrInvalid)
+		}
+		return Guest{
+			Kernel: filepath.Join(dir, "vmlinuz"),
+			Initrd: filepath.Join(dir, "initrd.gz"),
+			Disk:   filepath.Join(dir, "data.qcow2"),
+		}, nil
+	}
+	if err != nil {
+		return Guest{}, fmt.Errorf("Debian guest in %s: %w", dir, err)
+	}
+	g := Guest{
+		Kernel: filepath.Join(dir, "vmlinuz"),
+		Initrd: filepath.Join(dir, "initrd.img"),
+		Disk:   filepath.Join(dir, "root.qcow2"),
+	}
+	var names []string
+	for _, line := range strings.Split(string(variants), "\n") {
+		name, cmdline, ok := strings.Cut(line, "\t")
+		if !ok {
+			continue
+		}
+		if variant == "" || name == variant {
+			g.Append = cmdline
+			return g, nil
+		}
+		names = append(names, name)
+	}
+	return Guest{}, fmt.Errorf("Debian guest in %s has no variant %q (has %s): %w", dir, variant, strings.Join(names, ", "), vmfork.ErrInvalid)
+}
+
+// cmdline is the kernel command line of a machine of the run: the Debian
+// guest's own, or busybox (idleAppend, guestAppend) for the busybox guest,
+// whose init reads the counter switch.
+func (e *Env) cmdline(busybox string) string {
+	if e.guest.Append != "" {
+		return e.guest.Append
+	}
+	return busybox
+}
+
+// spec is the test guest at memMiB of RAM with the kernel command line cmdline
+// (the busybox guest's; see Env.cmdline).
 func (e *Env) spec(memMiB int, cmdline string) vmfork.Spec {
 	return vmfork.Spec{
-		Kernel: e.guest.Kernel, Initrd: e.guest.Initrd, Append: cmdline, Disk: e.guest.Disk,
+		Kernel: e.guest.Kernel, Initrd: e.guest.Initrd, Append: e.cmdline(cmdline), Disk: e.guest.Disk,
 		MemoryMiB: memMiB, CPUs: 1,
 	}
 }

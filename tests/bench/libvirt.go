@@ -119,7 +119,7 @@ func (e *Env) createDomain(ctx context.Context, memMiB int, machineType string) 
 	// Copies, not the guest dir's files: libvirt's DAC driver chowns what a
 	// domain uses, and the guest dir is shared with other users of the tree.
 	cfg := domainConfig{
-		Name: name, MachineType: machineType, MemoryMiB: memMiB, Append: guestAppend,
+		Name: name, MachineType: machineType, MemoryMiB: memMiB, Append: e.cmdline(guestAppend),
 		Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.gz"),
 		Disk: filepath.Join(dir, "disk.qcow2"), Serial: filepath.Join(dir, "serial.log"),
 	}
