@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -54,6 +56,9 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, opts IdentityOptio
 	env := &customize.Env{Agent: agent, Child: customize.Child{Name: src.Name}}
 	res, err := customize.Run(ctx, opts.Spec.PreForkChain(), env)
 	mg.logSteps(src, res)
+	if err == nil && !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys) {
+		mg.prefetchHostKeys(ctx, src, agent)
+	}
 	if errors.Is(err, customize.ErrNoAgent) {
 		// Hooks are optional and unknowable without an agent; the
 		// children's own chains will report an agent that does not answer.
@@ -64,6 +69,27 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, opts IdentityOptio
 		return fmt.Errorf("pre-fork: %w", err)
 	}
 	return nil
+}
+
+// hostKeys makes the SSH host keys of this process's fork children, and
+// sourceKeyTypes remembers (by source name) the key types each source has,
+// read before its freeze: a child's keys are then made while its QEMU
+// starts, not while it waits. An RSA key takes a few hundred milliseconds.
+var (
+	hostKeys       customize.KeyMaker
+	sourceKeyTypes sync.Map
+)
+
+// prefetchHostKeys reads the source's SSH host key types and starts making
+// the first child's keys. A source whose types cannot be read gets its
+// children's keys made when they need them.
+func (mg *Manager) prefetchHostKeys(ctx context.Context, src *Machine, agent customize.Agent) {
+	types, err := customize.HostKeyTypes(ctx, agent)
+	if err != nil || len(types) == 0 {
+		return
+	}
+	sourceKeyTypes.Store(src.Name, types)
+	hostKeys.Prefetch(types, 1)
 }
 
 // prepareIdentity sets what a child's identity needs before its QEMU starts:
@@ -84,6 +110,10 @@ func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts Id
 	// The MAC follows from the template, so siblings never share one.
 	seed := fmt.Sprintf("%s\x00%s\x00%s", tpl.ID, tpl.Created.Format(time.RFC3339Nano), tpl.VMGenID)
 	c.GuestMAC = customize.ChildMAC([]byte(seed), index, mg.inheritedMACs(c, tpl)...)
+	if t, ok := sourceKeyTypes.Load(c.Parent); ok && index > 1 {
+		// preFork started the first child's keys.
+		hostKeys.Prefetch(t.([]customize.KeyType), 1)
+	}
 	return nil
 }
 
@@ -123,7 +153,8 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	agent := customize.NewLazyAgent(mg.agentDialer(c))
 	defer agent.Close()
 	env := &customize.Env{
-		Agent: agent,
+		Agent:    agent,
+		HostKeys: &hostKeys,
 		Child: customize.Child{
 			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,
 			Mode: spec.Mode(), MAC: c.GuestMAC, OldMACs: mg.inheritedMACs(c, tpl),

@@ -18,6 +18,7 @@ type Agent interface {
 	GetTime(ctx context.Context) (time.Time, error)
 	SetTime(ctx context.Context, t *time.Time) error
 	WriteFile(ctx context.Context, path string, data []byte) error
+	ReadFile(ctx context.Context, path string) ([]byte, error)
 	NetworkInterfaces(ctx context.Context) ([]qmp.NetworkInterface, error)
 }
 
@@ -66,7 +67,20 @@ type Env struct {
 	// Now is the host clock; nil means time.Now. Tests inject one.
 	Now func() time.Time
 
-	detail string // the running step's detail
+	// HostKeys makes the SSH host keys; nil makes them when they are
+	// needed. A fork shares one and has it start early (Prefetch), since an
+	// RSA key takes long to make.
+	HostKeys *KeyMaker
+
+	detail   string // the running step's detail
+	hostname string // the hostname step's new name, once prepared
+	mac      string // the network step's new MAC, once prepared
+
+	// Tests run the scripts on the host: root is where their guest's
+	// files are, and scriptEnv what batches get in their environment
+	// besides PATH and LC_ALL (VMFORK_ROOT, a PATH of stubs).
+	root      string
+	scriptEnv []string
 }
 
 func (e *Env) now() time.Time {
@@ -84,11 +98,16 @@ func (e *Env) Detailf(format string, a ...any) { e.detail = fmt.Sprintf(format, 
 type StepFunc func(ctx context.Context, env *Env) error
 
 // Step is one named unit of a chain. Timeout bounds it (0: only the
-// caller's context does).
+// caller's context does). A step does its work in Fn, or gives Run the
+// guest side of it as Parts, which Run batches with its neighbours' into one
+// guest command (batch.go). A step with both runs Parts.
 type Step struct {
 	Name    string
 	Timeout time.Duration
 	Fn      StepFunc
+	Parts   PartFunc
+
+	skip string // the reason, for a step made by SkipStep
 }
 
 // Chain is an ordered list of steps. Its methods return a new Chain and
@@ -209,7 +228,7 @@ func (c Chain) Validate() error {
 		switch {
 		case s.Name == "":
 			return fmt.Errorf("step %d has no name", i+1)
-		case s.Fn == nil:
+		case s.Fn == nil && s.Parts == nil:
 			return fmt.Errorf("step %q has no function", s.Name)
 		case seen[s.Name]:
 			return fmt.Errorf("step %q is in the chain twice", s.Name)
@@ -223,7 +242,7 @@ func (c Chain) Validate() error {
 
 // SkipStep returns a step called name that does nothing and reports reason.
 func SkipStep(name, reason string) Step {
-	return Step{Name: name, Fn: func(context.Context, *Env) error { return Skipped(reason) }}
+	return Step{Name: name, skip: reason, Fn: func(context.Context, *Env) error { return Skipped(reason) }}
 }
 
 // Status is how a step ended.
@@ -253,14 +272,20 @@ type StepResult struct {
 
 // Result is what a chain did in one child.
 type Result struct {
-	Mode      Mode         `json:"mode"`
-	MAC       string       `json:"mac,omitempty"`
-	Hostname  string       `json:"hostname,omitempty"`
-	Addresses []string     `json:"addresses,omitempty"`
-	MachineID string       `json:"machine_id,omitempty"`
-	VMGenID   string       `json:"vmgenid,omitempty"`
-	ElapsedMS float64      `json:"elapsed_ms"`
-	Steps     []StepResult `json:"steps"`
+	Mode      Mode     `json:"mode"`
+	MAC       string   `json:"mac,omitempty"`
+	Hostname  string   `json:"hostname,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+	MachineID string   `json:"machine_id,omitempty"`
+	VMGenID   string   `json:"vmgenid,omitempty"`
+	ElapsedMS float64  `json:"elapsed_ms"`
+	// GuestCommands is how many commands the chain ran in the guest, and
+	// OverheadMS the part of ElapsedMS no step's duration holds: the round
+	// trips and process starts of batched steps, whose durations are
+	// measured in the guest.
+	GuestCommands int          `json:"guest_commands,omitempty"`
+	OverheadMS    float64      `json:"overhead_ms,omitempty"`
+	Steps         []StepResult `json:"steps"`
 }
 
 // Run runs c's steps in order against env and returns what each did. The
@@ -278,15 +303,28 @@ func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
 	start := env.now()
 	defer func() { res.ElapsedMS = ms(env.now().Sub(start)) }()
 	var failed error
-	for _, s := range c.steps {
-		if failed != nil {
+	for i := 0; i < len(c.steps); {
+		s := c.steps[i]
+		switch {
+		case failed != nil:
 			res.Steps = append(res.Steps, StepResult{Name: s.Name, Status: StatusNotRun})
-			continue
+			i++
+		case s.Parts != nil:
+			var n int
+			n, failed = runParts(ctx, c.steps[i:], env)
+			i += n
+		default:
+			sr, err := runStep(ctx, s, env)
+			res.Steps = append(res.Steps, sr)
+			failed = err
+			i++
 		}
-		sr, err := runStep(ctx, s, env)
-		res.Steps = append(res.Steps, sr)
-		failed = err
 	}
+	var stepsMS float64
+	for _, s := range res.Steps {
+		stepsMS += s.DurationMS
+	}
+	res.OverheadMS = max(0, ms(env.now().Sub(start))-stepsMS)
 	return res, failed
 }
 

@@ -23,9 +23,11 @@ type fakeAgent struct {
 	pingErr error
 	hang    bool // every call waits for its context to end
 
-	calls  []string // one line per command, in order
-	runs   []qmp.ExecRequest
-	status []qmp.ExecStatus // by pid-1
+	calls   []string // one line per command, in order
+	runs    []qmp.ExecRequest
+	inputs  [][]byte         // the input of each part that had one
+	hookEnv []string         // the environment the hooks part was given
+	status  []qmp.ExecStatus // by pid-1
 }
 
 func newFakeAgent() *fakeAgent {
@@ -85,6 +87,9 @@ func (f *fakeAgent) ExecStatus(ctx context.Context, pid int) (qmp.ExecStatus, er
 }
 
 func (f *fakeAgent) run(ctx context.Context, req qmp.ExecRequest) (qmp.ExecStatus, error) {
+	if req.Path == "/bin/sh" && len(req.Args) > 3 && strings.HasPrefix(req.Args[1], batchHead) {
+		return f.batch(ctx, req)
+	}
 	name := req.Path
 	if req.Path == "/bin/sh" && len(req.Args) > 1 && req.Args[0] == "-c" {
 		name = "sh:" + scriptName(req.Args[1])
@@ -106,11 +111,57 @@ func (f *fakeAgent) run(ctx context.Context, req qmp.ExecRequest) (qmp.ExecStatu
 	return qmp.ExecStatus{}, fmt.Errorf("fake agent: unexpected command %s", name)
 }
 
+// batch runs a batch script the way its shell would: each part by the
+// handler for its script, until one fails, with the output framed as the
+// script frames it.
+func (f *fakeAgent) batch(ctx context.Context, req qmp.ExecRequest) (qmp.ExecStatus, error) {
+	body := strings.TrimPrefix(req.Args[1], batchHead)
+	var parts []string
+	for _, fn := range strings.Split(body, partEnd+"\n") {
+		if _, def, ok := strings.Cut(fn, "() {\n"); ok {
+			parts = append(parts, strings.TrimSuffix(def, "\n}"))
+		}
+	}
+	args := req.Args[4:] // after -c, the script, $0 and the status file
+	var names []string
+	for _, p := range parts {
+		names = append(names, scriptName(p))
+	}
+	if err := f.record(ctx, "batch "+strings.Join(names, ",")); err != nil {
+		return qmp.ExecStatus{}, err
+	}
+	var out, errs strings.Builder
+	for i, p := range parts {
+		n := atoi(args[0])
+		pargs := args[1 : 1+n]
+		args = args[1+n:]
+		f.mu.Lock()
+		f.calls = append(f.calls, "run sh:"+names[i])
+		h, ok := f.scripts[p]
+		f.mu.Unlock()
+		if !ok {
+			return qmp.ExecStatus{}, fmt.Errorf("fake agent: unexpected part %s", names[i])
+		}
+		if p == sshScript {
+			f.mu.Lock()
+			f.inputs = append(f.inputs, req.Input)
+			f.mu.Unlock()
+		}
+		st := h(pargs)
+		fmt.Fprintf(&out, "%s part %d\n%s\n%s end %d %d %d\n", batchMark, i+1, st.Stdout, batchMark, i+1, st.ExitCode, 1000000)
+		fmt.Fprintf(&errs, "%s part %d\n%s", batchMark, i+1, st.Stderr)
+		if st.ExitCode != 0 && st.ExitCode != exitNothingToDo {
+			break
+		}
+	}
+	return qmp.ExecStatus{Exited: true, Stdout: []byte(out.String()), Stderr: []byte(errs.String())}, nil
+}
+
 // scriptName names the steps' scripts in call logs.
 func scriptName(s string) string {
 	for name, script := range map[string]string{
 		"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript, "ssh": sshScript,
-		"mac": macScript, "dhcp": dhcpScript, "list": listScript, "run-script": runScript,
+		"mac": netDownScript, "dhcp": netUpScript, "hooks": hooksScript, "list": listScript, "run-script": runScript,
 	} {
 		if s == script {
 			return name
@@ -148,6 +199,19 @@ func (f *fakeAgent) WriteFile(ctx context.Context, path string, data []byte) err
 	return nil
 }
 
+func (f *fakeAgent) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	if err := f.record(ctx, "read "+path); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.files[path]
+	if !ok {
+		return nil, fmt.Errorf("fake agent: open %s: no such file", path)
+	}
+	return b, nil
+}
+
 func (f *fakeAgent) NetworkInterfaces(ctx context.Context) ([]qmp.NetworkInterface, error) {
 	if err := f.record(ctx, "interfaces"); err != nil {
 		return nil, err
@@ -169,10 +233,8 @@ func (f *fakeAgent) guest() *fakeAgent {
 	f.scripts[rngScript] = func([]string) qmp.ExecStatus { return ok("reseeded\n") }
 	f.scripts[hostnameScript] = func([]string) qmp.ExecStatus { return ok("") }
 	f.scripts[machineIDScript] = func([]string) qmp.ExecStatus { return ok("") }
-	f.scripts[sshScript] = func([]string) qmp.ExecStatus {
-		return qmp.ExecStatus{Exited: true, ExitCode: exitNothingToDo, Stdout: []byte("the guest has no ssh-keygen\n")}
-	}
-	f.scripts[macScript] = func(args []string) qmp.ExecStatus {
+	f.scripts[sshScript] = func([]string) qmp.ExecStatus { return ok("sshd reloaded (SIGHUP to pid 99)\n") }
+	f.scripts[netDownScript] = func(args []string) qmp.ExecStatus {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		for i := range f.ifaces {
@@ -185,16 +247,22 @@ func (f *fakeAgent) guest() *fakeAgent {
 				f.ifaces[i].IPAddresses = []qmp.IPAddress{{Type: "ipv4", Address: ip, Prefix: atoi(n)}}
 			}
 		}
-		return ok("")
+		return ok("lease files emptied")
 	}
-	f.scripts[dhcpScript] = func([]string) qmp.ExecStatus {
+	f.scripts[netUpScript] = func([]string) qmp.ExecStatus {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.ifaces[1].IPAddresses = []qmp.IPAddress{
 			{Type: "ipv4", Address: "10.0.2.16", Prefix: 24},
 			{Type: "ipv6", Address: "fe80::5054:ff:fe00:2", Prefix: 64},
 		}
-		return ok("")
+		return ok("udhcpc -q; gratuitous ARP (arp_notify)")
+	}
+	f.scripts[hooksScript] = func(args []string) qmp.ExecStatus {
+		f.mu.Lock()
+		f.hookEnv = args[1:]
+		f.mu.Unlock()
+		return ok("ran 10-example\n")
 	}
 	f.scripts[listScript] = func([]string) qmp.ExecStatus { return ok("10-example\n") }
 	f.progs[PostForkDir+"/10-example"] = func(qmp.ExecRequest) qmp.ExecStatus { return ok("") }

@@ -217,6 +217,15 @@ func (l *LazyAgent) WriteFile(ctx context.Context, path string, data []byte) err
 	return a.WriteFile(ctx, path, data)
 }
 
+// ReadFile implements Agent.
+func (l *LazyAgent) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	a, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return a.ReadFile(ctx, path)
+}
+
 // NetworkInterfaces implements Agent.
 func (l *LazyAgent) NetworkInterfaces(ctx context.Context) ([]qmp.NetworkInterface, error) {
 	a, err := l.get(ctx)

@@ -28,9 +28,53 @@ var hookName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 // order, with the child's identity in their environment. The first that
 // fails stops the rest.
 func HooksStep(dir string) Step {
-	return Step{Name: StepHooks, Timeout: hooksTimeout, Fn: func(ctx context.Context, env *Env) error {
-		return runHooks(ctx, env, dir, hookEnv(env))
+	return Step{Name: StepHooks, Timeout: hooksTimeout, Parts: func(_ context.Context, env *Env) ([]*Part, error) {
+		return []*Part{{Script: hooksScript, Args: append([]string{dir}, hookEnv(env)...), Fail: hookFailure}}, nil
 	}}
+}
+
+// hooksScript runs the executable files in $1 whose names run-parts would
+// run, in byte order (the batch runs with LC_ALL=C, so globs sort so), with
+// the environment $2... exported. A hook's stdout is dropped; its stderr is
+// kept for the error of the one that fails, which ends the run: the script
+// then prints "NAME CODE RAN" and exits 102.
+const hooksScript = `dir=$1
+shift
+for kv in "$@"; do export "$kv"; done
+e=$VMFORK_STATUS.hook-err
+ran=
+for f in "$dir"/*; do
+	name=${f##*/}
+	case $name in '' | *[!A-Za-z0-9_-]*) continue ;; esac
+	if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
+	"$f" </dev/null >/dev/null 2>"$e"
+	rc=$?
+	if [ "$rc" -ne 0 ]; then
+		while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l" >&2; done <"$e"
+		printf '%s %s %s\n' "$name" "$rc" "$ran"
+		exit 102
+	fi
+	ran="$ran${ran:+, }$name"
+done
+if [ -z "$ran" ]; then echo "no hooks in $dir"; exit 100; fi
+printf 'ran %s\n' "$ran"`
+
+// hookFailure is the error of a failed hooksScript.
+func hookFailure(code int, out, stderr string) error {
+	f := strings.SplitN(strings.TrimSpace(lastLine(out)), " ", 3)
+	if code != 102 || len(f) < 2 {
+		return &ExitError{What: "hooks", Code: code, Stderr: tail([]byte(stderr))}
+	}
+	rc, _ := strconv.Atoi(f[1])
+	ee := &ExitError{What: fmt.Sprintf("hook %q", f[0]), Code: rc, Stderr: tail([]byte(stderr))}
+	if rc > 128 {
+		// The shell's way of saying a signal killed it.
+		ee.Code, ee.Signal = -1, rc-128
+	}
+	if len(f) == 3 && f[2] != "" {
+		return fmt.Errorf("%w (after %s ran)", ee, f[2])
+	}
+	return ee
 }
 
 // PreForkHooksStep runs the source's pre-fork hooks in dir (PreForkDir),
@@ -52,8 +96,8 @@ func hookEnv(env *Env) []string {
 		"VMFORK_INDEX=" + strconv.Itoa(c.Index),
 		"VMFORK_TEMPLATE=" + c.Template,
 		"VMFORK_IDENTITY=" + string(c.Mode),
-		"VMFORK_HOSTNAME=" + env.Result.Hostname,
-		"VMFORK_MAC=" + env.Result.MAC,
+		"VMFORK_HOSTNAME=" + orPlanned(env.Result.Hostname, env.hostname),
+		"VMFORK_MAC=" + orPlanned(env.Result.MAC, env.mac),
 	}
 }
 
@@ -136,3 +180,12 @@ chmod 700 "$f" && "$f" "$@"
 rc=$?
 rm -f "$f"
 exit $rc`
+
+// orPlanned is a fact of the result, or the value a step prepared for it
+// earlier in the same batch.
+func orPlanned(done, planned string) string {
+	if done != "" {
+		return done
+	}
+	return planned
+}

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // NetworkMode says how a child gets its addresses once it has its own MAC.
@@ -103,24 +105,41 @@ func validIfName(s string) bool {
 	return true
 }
 
-// NetworkStep gives the guest its new MAC, then its addresses as n says.
-// The MAC changes inside the guest (virtio-net's control queue), so QEMU's
-// receive filter follows it; the NIC's MAC in QEMU's configuration must
-// stay the template's.
+// NetworkStep gives the guest its new MAC, then its addresses as n says,
+// and leaves it nothing of its source's network identity: the inherited
+// DHCP client is stopped without a DHCPRELEASE (the lease is the parent's,
+// and the link is down, so nothing leaves the child anyway), the inherited
+// addresses are flushed and the lease files (and dhclient's DUID) emptied,
+// and a fresh exchange runs with the new MAC and, for systemd-networkd, the
+// client identifier of the new machine-id. Afterwards the NIC has exactly
+// one IPv4 address, announced with a gratuitous ARP. The MAC changes inside
+// the guest (virtio-net's control queue), so QEMU's receive filter follows
+// it; the NIC's MAC in QEMU's configuration must stay the template's.
+//
+// What renews the lease is what configured the NIC before: NetworkManager,
+// systemd-networkd, or the DHCP client that ran (dhclient, as ifupdown starts
+// it, udhcpc or dhcpcd), restarted with its own command line; a guest where
+// none runs (a DHCP client that quit after its lease, as the test guest's
+// udhcpc -q) gets udhcpc -q, dhclient or dhcpcd, whichever it has. The
+// step's detail names the mechanism.
 func NetworkStep(n NetworkSpec) Step {
-	return Step{Name: StepNetwork, Timeout: networkTimeout, Fn: n.apply}
+	return Step{Name: StepNetwork, Timeout: networkTimeout, Parts: n.parts}
 }
 
-func (n NetworkSpec) apply(ctx context.Context, env *Env) error {
+// netState is where the network step's first part tells the second what
+// configures the NIC.
+const netState = "/run/.vmfork-network"
+
+func (n NetworkSpec) parts(ctx context.Context, env *Env) ([]*Part, error) {
 	c := env.Child
 	if _, err := net.ParseMAC(c.MAC); err != nil || c.MAC == "" {
-		return fmt.Errorf("no valid MAC chosen for the child (%q)", c.MAC)
+		return nil, fmt.Errorf("no valid MAC chosen for the child (%q)", c.MAC)
 	}
 	mode := n.EffectiveMode()
 	var addr string
 	if mode == NetworkStatic {
 		if c.Index < 1 || c.Index > len(n.Addresses) {
-			return fmt.Errorf("no static address for child %d: the spec lists %d", c.Index, len(n.Addresses))
+			return nil, fmt.Errorf("no static address for child %d: the spec lists %d", c.Index, len(n.Addresses))
 		}
 		addr = n.Addresses[c.Index-1]
 	}
@@ -128,54 +147,166 @@ func (n NetworkSpec) apply(ctx context.Context, env *Env) error {
 	if nic == "" {
 		var err error
 		if nic, err = findNIC(ctx, env.Agent, c.OldMACs); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if _, err := shell(ctx, env.Agent, "set MAC", macScript, nic, c.MAC, string(mode), addr, n.Gateway, strings.Join(n.DNS, " ")); err != nil {
-		return err
+	env.mac = c.MAC
+	custom := "0"
+	if len(n.DHCPCommand) > 0 {
+		custom = "1"
 	}
-	env.Result.MAC = c.MAC
-	if mode == NetworkDHCP {
-		// DHCP needs the link, which the caller holds down until the chain
-		// ends. The guest has its own MAC now, so it may go out.
-		if env.Link != nil {
-			if err := env.Link.SetLink(ctx, true); err != nil {
-				return fmt.Errorf("raise the link for DHCP: %w", err)
+	var down string
+	first := &Part{
+		Script: netDownScript,
+		Args:   []string{nic, c.MAC, string(mode), addr, n.Gateway, strings.Join(n.DNS, " "), custom},
+		Done: func(env *Env, out string) error {
+			down = strings.TrimSpace(out)
+			env.Result.MAC = c.MAC
+			if mode != NetworkDHCP {
+				return n.finish(ctx, env, nic, mode, down)
 			}
-		}
-		if err := n.dhcp(ctx, env.Agent, nic); err != nil {
-			return err
-		}
+			return nil
+		},
 	}
-	addrs, err := addressesOf(ctx, env.Agent, nic)
+	if mode != NetworkDHCP {
+		return []*Part{first}, nil
+	}
+	wait := networkTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	args := []string{nic, c.MAC, strconv.Itoa(max(1, int(wait.Seconds())-1))}
+	for _, s := range n.DHCPCommand {
+		args = append(args, strings.ReplaceAll(s, "{interface}", nic))
+	}
+	// DHCP needs the link, which the caller holds down until the chain
+	// ends. The guest has its own MAC now, so it may go out.
+	second := &Part{
+		Script: netUpScript,
+		Args:   args,
+		LinkUp: true,
+		Done: func(env *Env, out string) error {
+			return n.finish(ctx, env, nic, mode, down+"; "+strings.TrimSpace(out))
+		},
+	}
+	return []*Part{first, second}, nil
+}
+
+// finish records the NIC's addresses and checks that it has exactly one
+// IPv4 address in modes that give it one.
+func (n NetworkSpec) finish(ctx context.Context, env *Env, nic string, mode NetworkMode, how string) error {
+	addrs, err := addressesOf(context.WithoutCancel(ctx), env.Agent, nic)
 	if err != nil {
 		return err
 	}
 	env.Result.Addresses = addrs
-	env.Detailf("%s %s, %s: %s", nic, c.MAC, mode, orNone(strings.Join(addrs, " ")))
+	if mode != NetworkNone {
+		var v4 []string
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a); err == nil && p.Addr().Is4() {
+				v4 = append(v4, a)
+			}
+		}
+		if len(v4) != 1 {
+			return fmt.Errorf("%s has %d IPv4 addresses after the network step (%s), want exactly one", nic, len(v4), orNone(strings.Join(v4, " ")))
+		}
+	}
+	env.Detailf("%s %s, %s: %s (%s)", nic, env.Child.MAC, mode, orNone(strings.Join(addrs, " ")), how)
 	return nil
 }
 
-// macScript gives interface $1 the MAC $2, then the addresses mode $3
-// wants. Down, new MAC, up: the kernel derives new IPv6 link-local
-// addresses from the new MAC when the link comes up, instead of keeping the
-// parent's; "address X up" sets the address before the flags, in both
-// busybox's ip and iproute2's (the kernel's do_setlink). IPv4 addresses
-// survive that, routes through the interface do not, so mode none puts the
-// default routes back. Each ip costs tens of milliseconds in a fresh child
-// under TCG, so only mode none reads the routes.
-const macScript = `set -e
-nic=$1 mac=$2 mode=$3 addr=$4 gw=$5 dns=$6
+// netDownScript runs with the link down: it finds what configures NIC $1,
+// stops it without a release, flushes the inherited addresses, empties the
+// lease files, gives the NIC the MAC $2 and, in mode static ($3), the
+// address $4 (gateway $5, DNS $6). $7 is 1 when the spec has its own DHCP
+// command. It leaves what the second part needs in netState and prints what
+// it did.
+//
+// Down, new MAC, up: the kernel derives new IPv6 link-local addresses from
+// the new MAC when the link comes up, instead of keeping the parent's;
+// "address X up" sets the address before the flags, in both busybox's ip and
+// iproute2's (the kernel's do_setlink). IPv4 addresses survive that, routes
+// through the interface do not, so mode none puts the default routes back.
+// Each process costs tens of milliseconds in a fresh child under TCG, so
+// the script reads /sys and /proc with builtins.
+const netDownScript = `set -e
+nic=$1 mac=$2 mode=$3 addr=$4 gw=$5 dns=$6 custom=$7
+state=` + netState + `
+ifindex= mgr= dhc= cmd= how=
+read -r ifindex <"/sys/class/net/$nic/ifindex" || true
+# What configures the NIC.
+if [ -d /run/systemd/system ] && [ -n "$ifindex" ] && [ -r "/run/systemd/netif/links/$ifindex" ]; then
+	while IFS='=' read -r k v; do
+		if [ "$k" = ADMIN_STATE ] && [ "$v" != unmanaged ]; then mgr=networkd; fi
+	done <"/run/systemd/netif/links/$ifindex"
+fi
+if [ -r /run/NetworkManager/NetworkManager.pid ] && read -r p </run/NetworkManager/NetworkManager.pid &&
+	read -r c <"/proc/$p/comm" 2>/dev/null && [ "$c" = NetworkManager ]; then
+	mgr=nm
+fi
+pids=
+if [ -z "$mgr" ]; then
+	for p in /proc/[0-9]*; do
+		read -r c <"$p/comm" 2>/dev/null || continue
+		case $c in
+		dhclient | udhcpc | dhcpcd) dhc=$c pids="$pids ${p#/proc/}" ;;
+		esac
+	done
+	if [ -n "$pids" ]; then
+		set -- $pids
+		cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null || true)
+	fi
+fi
+if [ "$mode" = static ] && [ "$mgr" = nm ]; then
+	echo "static addresses on a NetworkManager guest are not supported: use --network dhcp or none, or --skip-step vmfork.network" >&2
+	exit 101
+fi
 routes=
-if [ "$mode" = none ]; then routes=$(ip -4 route show default dev "$nic" 2>/dev/null || true); fi
+if [ "$mode" = none ]; then
+	routes=$(ip -4 route show default dev "$nic" 2>/dev/null || true)
+else
+	# Stop what holds the parent's lease, without a DHCPRELEASE: SIGKILL
+	# runs no release and no script; networkd and NetworkManager restart
+	# below, with the link down, so a release they send goes nowhere.
+	if [ -n "$pids" ]; then
+		kill -KILL $pids 2>/dev/null || true
+		how="$dhc (pid${pids}) stopped without a release"
+	fi
+	case $mgr in
+	nm)
+		systemctl stop NetworkManager.service </dev/null >/dev/null 2>&1 || true
+		how="NetworkManager stopped"
+		;;
+	esac
+	for f in /var/lib/dhcp/dhclient*.leases /var/lib/dhclient/*.leases /var/lib/NetworkManager/*"$nic"*.lease \
+		/var/lib/dhcpcd/*"$nic"*.lease /var/lib/udhcpc/*"$nic"* "/run/systemd/netif/leases/$ifindex"; do
+		if [ -f "$f" ]; then : >"$f"; fi
+	done
+	how="${how:+$how; }lease files emptied"
+fi
+if [ -w "/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then echo 1 >"/proc/sys/net/ipv4/conf/$nic/arp_notify"; fi
 ip link set dev "$nic" down
+if [ "$mode" != none ]; then ip -4 addr flush dev "$nic"; fi
 ip link set dev "$nic" address "$mac" up
 case $mode in
 static)
 	case $addr in *:*) fam=-6 ;; *) fam=-4 ;; esac
-	ip "$fam" addr flush dev "$nic" scope global
-	ip addr add "$addr" dev "$nic"
-	if [ -n "$gw" ]; then ip route replace default via "$gw" dev "$nic"; fi
+	if [ "$mgr" = networkd ]; then
+		# networkd would put its DHCP lease back: a runtime .network
+		# file that sorts first gives it the static address instead.
+		mkdir -p /run/systemd/network
+		{
+			printf '[Match]\nName=%s\n[Network]\nDHCP=no\nAddress=%s\n' "$nic" "$addr"
+			if [ -n "$gw" ]; then printf 'Gateway=%s\n' "$gw"; fi
+			for s in $dns; do printf 'DNS=%s\n' "$s"; done
+		} >"/run/systemd/network/00-vmfork-$nic.network"
+		systemctl restart systemd-networkd.service </dev/null >/dev/null
+		how="${how:+$how; }systemd-networkd with /run/systemd/network/00-vmfork-$nic.network"
+	else
+		ip addr add "$addr" dev "$nic"
+		if [ -n "$gw" ]; then ip route replace default via "$gw" dev "$nic"; fi
+		how="${how:+$how; }ip addr add"
+	fi
 	if [ -n "$dns" ]; then
 		for s in $dns; do echo "nameserver $s"; done >/etc/resolv.conf.vmfork
 		cat /etc/resolv.conf.vmfork >/etc/resolv.conf
@@ -186,45 +317,107 @@ none)
 	printf '%s\n' "$routes" | while read -r r; do
 		if [ -n "$r" ]; then ip route replace $r dev "$nic"; fi
 	done
+	how="address kept"
 	;;
-esac`
+dhcp)
+	if [ "$mgr" = networkd ]; then
+		# networkd's DHCP client identifier comes from /etc/machine-id,
+		# which it reads when it starts: a restart after vmfork.machine-id
+		# gives the child its own. --no-block: the lease is waited for in
+		# the second part.
+		systemctl --no-block restart systemd-networkd.service </dev/null >/dev/null
+		how="${how:+$how; }systemd-networkd restarted for a client id from the new machine-id"
+	fi
+	;;
+esac
+{
+	printf 'mgr=%s\ndhc=%s\nifindex=%s\n' "$mgr" "$dhc" "$ifindex"
+	printf 'cmd=%s\n' "'$cmd'"
+} >"$state"
+if [ "$custom" = 1 ] || [ "$mode" != dhcp ] || [ -n "$mgr" ] || [ -n "$cmd" ] || command -v udhcpc >/dev/null 2>&1 ||
+	command -v dhclient >/dev/null 2>&1 || command -v dhcpcd >/dev/null 2>&1; then
+	printf '%s\n' "${how:-MAC changed}"
+else
+	echo "the guest has no DHCP client (systemd-networkd, NetworkManager, dhclient, udhcpc or dhcpcd): install isc-dhcp-client, set network.dhcp_command, use --network static or none, or --skip-step vmfork.network" >&2
+	exit 101
+fi`
 
-// dhcpScript asks the guest's DHCP client for a lease on $1 and returns
-// once it has one.
-//
-// busybox's udhcpc applies a lease only through its event script, whose
-// default path differs between builds (Debian: /etc/udhcpc), so the one
-// that exists is named.
-const dhcpScript = `nic=$1
-if command -v udhcpc >/dev/null 2>&1; then
-	for s in /etc/udhcpc/default.script /usr/share/udhcpc/default.script ""; do
-		if [ -z "$s" ] || [ -x "$s" ]; then break; fi
-	done
-	exec udhcpc -i "$nic" -n -q -t 5 -T 1 ${s:+-s "$s"}
-elif command -v dhcpcd >/dev/null 2>&1; then
-	exec dhcpcd -n -w "$nic"
-elif command -v dhclient >/dev/null 2>&1; then
-	dhclient -r "$nic" >/dev/null 2>&1 || true
-	exec dhclient -1 "$nic"
-fi
-echo "no DHCP client in the guest (udhcpc, dhcpcd or dhclient); set network.dhcp_command" >&2
-exit 1`
-
-func (n NetworkSpec) dhcp(ctx context.Context, a Agent, nic string) error {
-	if len(n.DHCPCommand) == 0 {
-		_, err := shell(ctx, a, "renew DHCP lease", dhcpScript, nic)
-		return err
-	}
-	argv := make([]string, len(n.DHCPCommand))
-	for i, s := range n.DHCPCommand {
-		argv[i] = strings.ReplaceAll(s, "{interface}", nic)
-	}
-	st, err := runGuest(ctx, a, argv[0], argv[1:], nil)
-	if err != nil {
-		return fmt.Errorf("renew DHCP lease: %w", err)
-	}
-	return exitErr("dhcp_command "+argv[0], st)
+// netUpScript runs once the link is up: a fresh DHCP exchange on NIC $1
+// (MAC $2) within $3 seconds, by what netDownScript found, or by the
+// spec's command ($4...). Then a gratuitous ARP: with arp_notify set, the
+// kernel sends one for each IPv4 address when the MAC is set, even to the
+// one it has.
+const netUpScript = `nic=$1 mac=$2 to=$3
+shift 3
+mgr= dhc= ifindex= cmd=
+[ -r ` + netState + ` ] && . ` + netState + `
+log=/run/.vmfork-dhcp.log
+fail() {
+	echo "$1: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')" >&2
+	exit 101
 }
+# wait_for TEST...: poll every 50 ms until TEST succeeds or $to seconds pass.
+wait_for() {
+	i=$((to * 20))
+	until "$@"; do
+		i=$((i - 1))
+		if [ "$i" -le 0 ]; then return 1; fi
+		sleep 0.05
+	done
+}
+has_v4() { case $(ip -4 -o addr show dev "$nic" scope global 2>/dev/null) in *inet*) return 0 ;; esac; return 1; }
+if [ $# -gt 0 ]; then
+	"$@" </dev/null >"$log" 2>&1 || fail "network.dhcp_command $1 failed"
+	how="dhcp_command $1"
+elif [ "$mgr" = networkd ]; then
+	wait_for test -s "/run/systemd/netif/leases/$ifindex" || fail "systemd-networkd got no DHCP lease on $nic in ${to}s"
+	wait_for has_v4 || fail "systemd-networkd did not configure its lease on $nic in ${to}s"
+	how="systemd-networkd lease"
+elif [ "$mgr" = nm ]; then
+	systemctl start NetworkManager.service </dev/null >"$log" 2>&1 || fail "systemctl start NetworkManager failed"
+	wait_for has_v4 || fail "NetworkManager got no IPv4 address on $nic in ${to}s"
+	how="NetworkManager restarted"
+elif [ -n "$cmd" ]; then
+	# The client that ran, started as it was (ifupdown's dhclient
+	# command line, say); it goes to the background once it has a lease.
+	set -f
+	# shellcheck disable=SC2086 # its arguments, split as they were
+	set -- $cmd
+	set +f
+	"$@" </dev/null >"$log" 2>&1 || fail "$dhc failed"
+	how="$dhc restarted as it ran ($*)"
+elif command -v udhcpc >/dev/null 2>&1; then
+	# One exchange, as a guest whose udhcpc quit after its lease did at
+	# boot; vmfork's event script applies the lease with two ip commands.
+	s=/run/.vmfork-udhcpc.script
+	{
+		printf '#!/bin/sh\ncase $1 in\nbound|renew)\n'
+		printf '\tip -4 addr flush dev "$interface"\n'
+		printf '\tip addr add "$ip/$mask" broadcast + dev "$interface" || exit 1\n'
+		printf '\tfor r in $router; do ip route replace default via "$r" dev "$interface"; break; done\n'
+		printf '\tif [ -n "$dns" ]; then for d in $dns; do echo "nameserver $d"; done >/etc/resolv.conf; fi\n;;\nesac\n'
+	} >"$s"
+	chmod 700 "$s"
+	udhcpc -i "$nic" -n -q -t 5 -T 1 -s "$s" </dev/null >"$log" 2>&1 || fail "udhcpc got no lease on $nic"
+	how="udhcpc -q"
+elif command -v dhclient >/dev/null 2>&1; then
+	dhclient -4 -1 -pf "/run/dhclient.$nic.pid" -lf "/var/lib/dhcp/dhclient.$nic.leases" "$nic" </dev/null >"$log" 2>&1 || fail "dhclient got no lease on $nic"
+	how="dhclient"
+elif command -v dhcpcd >/dev/null 2>&1; then
+	dhcpcd -4 -w "$nic" </dev/null >"$log" 2>&1 || fail "dhcpcd got no lease on $nic"
+	how=dhcpcd
+else
+	echo "the guest has no DHCP client (systemd-networkd, NetworkManager, dhclient, udhcpc or dhcpcd): install isc-dhcp-client, set network.dhcp_command, use --network static or none, or --skip-step vmfork.network" >&2
+	exit 101
+fi
+if [ -w "/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then
+	ip link set dev "$nic" address "$mac" && how="$how; gratuitous ARP (arp_notify)"
+elif command -v arping >/dev/null 2>&1; then
+	a=$(ip -4 -o addr show dev "$nic" scope global | { read -r _ _ _ a _; echo "${a%/*}"; })
+	arping -U -c 1 -I "$nic" "$a" </dev/null >/dev/null 2>&1 &
+	how="$how; gratuitous ARP (arping)"
+fi
+printf '%s\n' "$how"`
 
 // findNIC returns the guest's NIC: its only non-loopback interface, or the
 // one with one of the MACs the child inherited.

@@ -47,49 +47,13 @@ func AgentStep() Step {
 	}}
 }
 
-// ClockStep steps the guest clock to host time. A child's clock goes on
-// from its template's freeze, so it lags by the template's age.
-func ClockStep() Step {
-	return Step{Name: StepClock, Timeout: DefaultTimeout, Fn: stepClock}
-}
-
-func stepClock(ctx context.Context, env *Env) error {
-	a := env.Agent
-	// The guest sets the time it is sent when the request arrives, so send
-	// host time plus half a round trip, that of this first read.
-	t0 := env.now()
-	before, err := a.GetTime(ctx)
-	if err != nil {
-		return fmt.Errorf("read guest clock: %w", err)
-	}
-	target := env.now()
-	target = target.Add(target.Sub(t0) / 2)
-	// With a time, qemu-ga 7.2 calls settimeofday and then /sbin/hwclock -w;
-	// it fails when the guest has no /sbin/hwclock.
-	if err := a.SetTime(ctx, &target); err != nil {
-		return fmt.Errorf("set guest clock: %w", err)
-	}
-	t1 := env.now()
-	after, err := a.GetTime(ctx)
-	if err != nil {
-		return fmt.Errorf("read guest clock: %w", err)
-	}
-	t2 := env.now()
-	off := after.Sub(t1.Add(t2.Sub(t1) / 2))
-	if off.Abs() > maxClockOffset {
-		return fmt.Errorf("guest clock is still %v off host time after setting it", off.Round(time.Millisecond))
-	}
-	env.Detailf("stepped %+.3fs, now %+dms from host", target.Sub(before).Seconds(), off.Milliseconds())
-	return nil
-}
-
 // RNGStep confirms that the guest kernel reseeded its CRNG from the child's
 // new vmgenid. The GUID is the child's own (QEMU gives it to the guest on
 // resume); Linux 5.18+ reseeds when it changes and logs "crng reseeded due
 // to virtual machine fork". A kernel without the vmgenid driver keeps its
 // siblings' random state, so the step fails there.
 func RNGStep() Step {
-	return Step{Name: StepRNG, Timeout: DefaultTimeout, Fn: stepRNG}
+	return Step{Name: StepRNG, Timeout: DefaultTimeout, Parts: partsRNG}
 }
 
 // rngScript prints "reseeded" or "uninitialized" (the CRNG was not yet
@@ -98,13 +62,13 @@ func RNGStep() Step {
 // fine: its kernel has the driver and its GUID changed.
 const rngScript = `set -- /sys/bus/acpi/drivers/vmgenid/*:*
 if [ ! -e "$1" ]; then
-	echo "the guest kernel has no vmgenid driver (CONFIG_VMGENID): the child keeps its siblings' random state" >&2
-	exit 1
+	echo "the guest kernel has no vmgenid driver (CONFIG_VMGENID): the child would keep its siblings' random state; boot a kernel with CONFIG_VMGENID=y (Debian's generic one has it), or --skip-step vmfork.rng" >&2
+	exit 101
 fi
 i=0
 while :; do
 	if ! log=$(dmesg 2>&1); then
-		echo "cannot read the kernel log: $log" >&2
+		echo "cannot read the kernel log to confirm the CRNG reseed: $log" >&2
 		exit 1
 	fi
 	case $log in
@@ -115,32 +79,30 @@ while :; do
 	i=$((i + 1))
 	if [ "$i" -ge ` + reseedConfirmWait + ` ]; then
 		echo "the kernel log shows no CRNG reseed after the vmgenid change" >&2
-		exit 1
+		exit 101
 	fi
 	sleep 0.1
 done`
 
-func stepRNG(ctx context.Context, env *Env) error {
+func partsRNG(_ context.Context, env *Env) ([]*Part, error) {
 	c := env.Child
 	if c.VMGenID == "" {
-		return fmt.Errorf("the child has no vmgenid of its own")
+		return nil, fmt.Errorf("the child has no vmgenid of its own")
 	}
 	if strings.EqualFold(c.VMGenID, c.TemplateVMGenID) {
-		return fmt.Errorf("the child has its template's vmgenid %s, so its kernel would not reseed", c.VMGenID)
+		return nil, fmt.Errorf("the child has its template's vmgenid %s, so its kernel would not reseed", c.VMGenID)
 	}
-	out, err := shell(ctx, env.Agent, "confirm reseed", rngScript)
-	if err != nil {
-		return err
-	}
-	switch strings.TrimSpace(out) {
-	case "reseeded":
-		env.Detailf("kernel CRNG reseeded from vmgenid %s", c.VMGenID)
-	case "uninitialized":
-		env.Detailf("kernel CRNG not seeded yet; vmgenid %s is in the pool it will be seeded from", c.VMGenID)
-	default:
-		return fmt.Errorf("confirm reseed: unexpected output %q", out)
-	}
-	return nil
+	return []*Part{{Script: rngScript, Done: func(env *Env, out string) error {
+		switch strings.TrimSpace(out) {
+		case "reseeded":
+			env.Detailf("kernel CRNG reseeded from vmgenid %s", c.VMGenID)
+		case "uninitialized":
+			env.Detailf("kernel CRNG not seeded yet; vmgenid %s is in the pool it will be seeded from", c.VMGenID)
+		default:
+			return fmt.Errorf("confirm reseed: unexpected output %q", out)
+		}
+		return nil
+	}}}, nil
 }
 
 // keepRNGStep replaces RNGStep for a reproducible identity: it checks that
@@ -171,47 +133,68 @@ func Booted(c Chain) Chain {
 	return c.Skip("booted fresh: the kernel seeded its random state at boot", StepRNG)
 }
 
-// HostnameStep sets the guest's hostname from pattern (see ExpandHostname),
-// in the kernel, /etc/hostname and /etc/hosts.
+// HostnameStep sets the guest's hostname from pattern (see ExpandHostname).
+// With systemd-hostnamed on a bus that answers it uses hostnamectl; else
+// (no D-Bus, as on minimal servers) it writes /etc/hostname and the
+// kernel's name itself. Either way it renames the old name in /etc/hosts.
+// Its detail names the mechanism.
 func HostnameStep(pattern string) Step {
-	return Step{Name: StepHostname, Timeout: DefaultTimeout, Fn: func(ctx context.Context, env *Env) error {
+	return Step{Name: StepHostname, Timeout: DefaultTimeout, Parts: func(_ context.Context, env *Env) ([]*Part, error) {
 		h, err := ExpandHostname(pattern, env.Child)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if _, err := shell(ctx, env.Agent, "set hostname", hostnameScript, h); err != nil {
-			return err
-		}
-		env.Result.Hostname = h
-		env.Detailf("%s", h)
-		return nil
+		env.hostname = h
+		return []*Part{{Script: hostnameScript, Args: []string{h}, Done: func(env *Env, out string) error {
+			env.Result.Hostname = h
+			env.Detailf("%s (%s)", h, strings.TrimSpace(out))
+			return nil
+		}}}, nil
 	}}
 }
 
-// hostnameScript sets $1 as the hostname. Every process it starts costs
-// tens of milliseconds in a fork child under TCG, so it starts none where
-// a shell builtin does: the kernel's hostname is read and written through
-// /proc (what hostname(1) does with sethostname(2)), and /etc/hosts is
-// rewritten by replaceHostFunc, and only when it names the old hostname.
-// Files are rewritten in place (>), never replaced: qemu-ga runs commands
-// with umask 077, and a new /etc/hosts would be unreadable to everyone but
-// root.
+// hostnameScript sets $1 as the hostname and prints the mechanism. Every
+// process it starts costs tens of milliseconds in a fork child under TCG,
+// so it starts none where a shell builtin does: the kernel's hostname is
+// read and written through /proc (what hostname(1) does with
+// sethostname(2)), and /etc/hosts is rewritten by replaceHostFunc, and only
+// when it names the old hostname. hostnamectl talks to systemd-hostnamed
+// over D-Bus and fails without a bus ("Failed to connect to bus"), so it is
+// tried only when the system bus's socket is there, and its failure falls
+// back to the files. Files are rewritten in place (>), never replaced:
+// qemu-ga runs commands with umask 077, and a new /etc/hosts would be
+// unreadable to everyone but root.
 const hostnameScript = replaceHostFunc + `set -e
-new=$1 old= cur=
+new=$1 old= cur= how=
 uts=/proc/sys/kernel/hostname
 if [ -r "$uts" ]; then read -r old <"$uts" || old=; else old=$(hostname 2>/dev/null || true); fi
-if [ -d /run/systemd/system ] && command -v hostnamectl >/dev/null 2>&1; then
-	hostnamectl set-hostname "$new"
-else
+if [ -d /run/systemd/system ] && [ -S /run/dbus/system_bus_socket ] && command -v hostnamectl >/dev/null 2>&1; then
+	if err=$(hostnamectl set-hostname "$new" 2>&1); then
+		how=hostnamectl
+	else
+		how="hostnamectl failed (${err%%
+*}), so /etc/hostname and the kernel's name"
+	fi
+fi
+if [ "$how" != hostnamectl ]; then
 	{ printf '%s' "$new" >"$uts" && read -r cur <"$uts"; } 2>/dev/null || true
 	# The kernel cuts a long name short where sethostname fails: let
 	# hostname(1) set it, or say why it cannot.
-	if [ "$cur" != "$new" ]; then hostname "$new"; fi
+	if [ "$cur" != "$new" ]; then
+		if ! command -v hostname >/dev/null 2>&1; then
+			echo "cannot set the kernel's hostname: /proc/sys/kernel/hostname did not take it and the guest has no hostname command (install hostname, or --skip-step vmfork.hostname)" >&2
+			exit 101
+		fi
+		hostname "$new"
+	fi
 	if [ -e /etc/hostname ]; then printf '%s\n' "$new" >/etc/hostname; fi
+	: "${how:=/etc/hostname and the kernel's name}"
 fi
 if [ -n "$old" ] && [ "$old" != "$new" ] && [ -f /etc/hosts ]; then
 	replace_host /etc/hosts "$old" "$new"
-fi`
+	how="$how, /etc/hosts"
+fi
+printf '%s\n' "$how"`
 
 // replaceHostFunc defines replace_host FILE OLD NEW, which replaces OLD by
 // NEW wherever it is a host name in FILE (a field after the first), like
@@ -313,52 +296,39 @@ func checkHostname(h string) error {
 	return nil
 }
 
-// MachineIDStep writes a new random /etc/machine-id (and the old D-Bus
-// copy where it is a file of its own). Guests without one are skipped.
+// MachineIDStep writes a new random /etc/machine-id (and the D-Bus copy
+// where it is a file of its own, not the usual link) and restarts
+// systemd-journald, which otherwise goes on writing to the journal of the
+// old id. Guests without /etc/machine-id are skipped. systemd-networkd
+// derives its DHCP client identifier from the machine-id when it starts, so
+// this step comes before vmfork.network, which restarts it.
 func MachineIDStep() Step {
-	return Step{Name: StepMachineID, Timeout: DefaultTimeout, Fn: func(ctx context.Context, env *Env) error {
+	return Step{Name: StepMachineID, Timeout: DefaultTimeout, Parts: func(context.Context, *Env) ([]*Part, error) {
 		var b [16]byte
 		if _, err := rand.Read(b[:]); err != nil {
-			return err
+			return nil, err
 		}
 		id := hex.EncodeToString(b[:])
-		if _, err := shell(ctx, env.Agent, "write machine-id", machineIDScript, id); err != nil {
-			return err
-		}
-		env.Result.MachineID = id
-		env.Detailf("%s", id)
-		return nil
+		return []*Part{{Script: machineIDScript, Args: []string{id}, Done: func(env *Env, out string) error {
+			env.Result.MachineID = id
+			env.Detailf("%s (%s)", id, strings.TrimSpace(out))
+			return nil
+		}}}, nil
 	}}
 }
 
+// machineIDScript: systemctl reaches PID 1 over its private socket, so it
+// works without D-Bus; --no-block queues the restart instead of waiting for
+// it, which keeps journald's start out of the chain.
 const machineIDScript = `if [ ! -e /etc/machine-id ]; then echo "the guest has no /etc/machine-id"; exit 100; fi
 printf '%s\n' "$1" >/etc/machine-id || exit 1
+how=/etc/machine-id
 if [ -f /var/lib/dbus/machine-id ] && [ ! -L /var/lib/dbus/machine-id ]; then
-	printf '%s\n' "$1" >/var/lib/dbus/machine-id
-fi`
-
-// SSHHostKeysStep replaces the guest's SSH host keys with new ones and
-// tells a running sshd. Guests without ssh-keygen are skipped.
-func SSHHostKeysStep() Step {
-	return Step{Name: StepSSHHostKeys, Timeout: sshTimeout, Fn: func(ctx context.Context, env *Env) error {
-		out, err := shell(ctx, env.Agent, "regenerate ssh host keys", sshScript)
-		if err != nil {
-			return err
-		}
-		env.Detailf("%s", strings.TrimSpace(out))
-		return nil
-	}}
-}
-
-// sshScript: sshd reads its host keys when it starts; SIGHUP makes it
-// re-execute itself with the new ones, keeping open sessions.
-const sshScript = `if ! command -v ssh-keygen >/dev/null 2>&1; then echo "the guest has no ssh-keygen"; exit 100; fi
-if [ ! -d /etc/ssh ]; then echo "the guest has no /etc/ssh"; exit 100; fi
-rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub
-ssh-keygen -A >/dev/null || exit 1
-keys=$(ls /etc/ssh/ssh_host_*_key.pub | wc -l)
-if [ -s /run/sshd.pid ] && kill -HUP "$(cat /run/sshd.pid)" 2>/dev/null; then
-	echo "$keys new host keys; sshd reloaded"
-else
-	echo "$keys new host keys"
-fi`
+	printf '%s\n' "$1" >/var/lib/dbus/machine-id && how="$how, /var/lib/dbus/machine-id (a copy)"
+fi
+if [ -d /run/systemd/system ] && [ -e /run/systemd/journal/socket ]; then
+	if systemctl --no-block restart systemd-journald.service >/dev/null 2>&1 </dev/null; then
+		how="$how; systemd-journald restarted"
+	fi
+fi
+printf '%s\n' "$how"`

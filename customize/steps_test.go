@@ -180,40 +180,6 @@ func TestBootedChildSkipsRNG(t *testing.T) {
 	}
 }
 
-func TestHooksRunInOrderAndStopAtTheFirstFailure(t *testing.T) {
-	a := newFakeAgent()
-	// Listed out of order, with names run-parts ignores.
-	a.scripts[listScript] = func([]string) qmp.ExecStatus { return ok("30-c\n10-a\n20-b.dpkg-old\n10-a~\n20-b\n") }
-	var ran []string
-	for _, h := range []string{"10-a", "20-b", "30-c"} {
-		a.progs[PostForkDir+"/"+h] = func(qmp.ExecRequest) qmp.ExecStatus {
-			ran = append(ran, h)
-			if h == "20-b" {
-				return qmp.ExecStatus{Exited: true, ExitCode: 7, Stderr: []byte("cannot reach the service\n")}
-			}
-			return ok("")
-		}
-	}
-	res, err := Run(t.Context(), NewChain(HooksStep(PostForkDir)), &Env{Agent: a, Child: testChild(1)})
-	if err == nil || err.Error() != `step "vmfork.hooks": hook "20-b" exited with code 7: stderr "cannot reach the service" (after 10-a ran)` {
-		t.Fatalf("Run = %v", err)
-	}
-	if strings.Join(ran, " ") != "10-a 20-b" {
-		t.Errorf("ran %v, want 10-a then 20-b and nothing after the failure", ran)
-	}
-	s := res.Steps[0]
-	if s.ExitCode == nil || *s.ExitCode != 7 || s.StderrTail != "cannot reach the service" {
-		t.Errorf("step result = %+v", s)
-	}
-	// No hooks at all: skipped.
-	b := newFakeAgent()
-	b.scripts[listScript] = func([]string) qmp.ExecStatus { return ok("") }
-	res, err = Run(t.Context(), NewChain(HooksStep(PostForkDir)), &Env{Agent: b, Child: testChild(1)})
-	if err != nil || res.Steps[0].Status != StatusSkipped {
-		t.Errorf("no hooks: %v %+v", err, res.Steps)
-	}
-}
-
 func TestScriptStep(t *testing.T) {
 	a := newFakeAgent()
 	var got []string

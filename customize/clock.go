@@ -1,0 +1,139 @@
+package customize
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/vmfork/vmfork/qmp"
+)
+
+// The clock step. A child's clock goes on from its template's freeze, so
+// it lags by the template's age.
+//
+// Why a child could stay 1.9 s off after its clock was set (libvirt, slow
+// starts): guest-set-time takes an absolute time, which the guest applies
+// when the request reaches it. vmfork computed it from a first read
+// (host time plus half that round trip), so every delay between the
+// computation and the guest's settimeofday went straight into the guest's
+// clock: libvirt's agent calls (virDomainQemuAgentCommand) send a
+// guest-sync and wait for its answer before each command, and an agent that
+// a slow start keeps busy answers late. qemu-ga 7.2 then runs
+// /sbin/hwclock -w, and util-linux's hwclock waits for the RTC's next
+// second boundary (up to 1 s, the 579 ms observed on Debian), during which
+// the call does not return.
+//
+// So the step moves the guest's clock by the offset it measured, relative to
+// the guest's own clock when the command runs (date -s "+N seconds", GNU
+// date), which no delivery delay changes, and never writes the RTC, which
+// QEMU keeps at host time. Where date cannot do that (busybox), it falls
+// back to guest-set-time, whose hwclock does not wait there. Offsets are
+// measured from the read with the shortest round trip of a few, and the
+// step sets, checks and sets again until the clock is within
+// clockTolerance or its timeout ends: a guest whose vCPUs sat stopped can
+// also move on after the first setting.
+const (
+	clockTolerance = 50 * time.Millisecond
+	clockSamples   = 3
+	// quickRoundTrip is a read whose round trip is short enough not to
+	// bother taking more samples.
+	quickRoundTrip = 20 * time.Millisecond
+)
+
+// ClockStep steps the guest clock to host time; its detail names the
+// mechanism (date or guest-set-time) and the offset left.
+func ClockStep() Step {
+	return Step{Name: StepClock, Timeout: DefaultTimeout, Fn: stepClock}
+}
+
+// clockOffset returns how far the guest's clock is ahead of the host's,
+// from the sample with the shortest round trip.
+func clockOffset(ctx context.Context, env *Env) (time.Duration, error) {
+	var best, rtt time.Duration
+	for i := range clockSamples {
+		t0 := env.now()
+		g, err := env.Agent.GetTime(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("read guest clock: %w", err)
+		}
+		t1 := env.now()
+		d := t1.Sub(t0)
+		if i == 0 || d < rtt {
+			best, rtt = g.Sub(t0.Add(d/2)), d
+		}
+		if rtt <= quickRoundTrip {
+			break
+		}
+	}
+	return best, nil
+}
+
+func stepClock(ctx context.Context, env *Env) error {
+	first, err := clockOffset(ctx, env)
+	if err != nil {
+		return err
+	}
+	if first.Abs() <= clockTolerance {
+		env.Detailf("within %+dms of host time; left alone", first.Milliseconds())
+		return nil
+	}
+	// A guest with /etc/os-release is a distribution, whose hwclock is
+	// util-linux's: try date first there.
+	useDate := true
+	if _, err := env.Agent.ReadFile(ctx, "/etc/os-release"); err != nil {
+		useDate = false
+	}
+	off, how := first, ""
+	for attempt := 1; ; attempt++ {
+		var err error
+		if useDate {
+			if err = dateStep(ctx, env.Agent, off); err != nil {
+				useDate = false // no GNU date: guest-set-time from now on
+				continue
+			}
+			how = "date -s"
+		} else {
+			t := env.now().Add(-0) // sent at once: the guest sets it on arrival
+			if err = env.Agent.SetTime(ctx, &t); err != nil {
+				return fmt.Errorf("set guest clock: %w", err)
+			}
+			how = "guest-set-time"
+		}
+		if off, err = clockOffset(ctx, env); err != nil {
+			return err
+		}
+		if off.Abs() <= clockTolerance {
+			env.Detailf("stepped %+.3fs by %s, now %+dms from host (%d %s)", -first.Seconds(), how, off.Milliseconds(), attempt, plural(attempt, "attempt"))
+			return nil
+		}
+		if ctx.Err() != nil || attempt >= 20 {
+			break
+		}
+	}
+	if off.Abs() <= maxClockOffset {
+		env.Detailf("stepped %+.3fs by %s, now %+dms from host", -first.Seconds(), how, off.Milliseconds())
+		return nil
+	}
+	return fmt.Errorf("guest clock is still %v off host time after setting it (%s)", off.Round(time.Millisecond), how)
+}
+
+// dateStep moves the guest's clock back by off with GNU date's relative
+// form, which applies to the guest's clock when date runs.
+func dateStep(ctx context.Context, a Agent, off time.Duration) error {
+	st, err := runGuest(ctx, a, "/bin/date", []string{"-u", "-s", fmt.Sprintf("%+.9f seconds", -off.Seconds())}, nil)
+	if err != nil {
+		return err
+	}
+	return exitErr("date -s", st)
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}
+
+var _ = strings.TrimSpace
+var _ qmp.ExecStatus
