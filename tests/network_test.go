@@ -236,6 +236,17 @@ func (b *bridgeNet) leaseOf(t *testing.T, mac string) string {
 // form --network takes.
 func (e *env) networkOf(name string) string {
 	e.t.Helper()
+	return networkIn(e.t, e.ok("ls", "--json").stdout, name)
+}
+
+// networkOf is env.networkOf through the driver's flags.
+func (d *driverEnv) networkOf(name string) string {
+	d.t.Helper()
+	return networkIn(d.t, d.cliOK("ls", "--json").stdout, name)
+}
+
+func networkIn(t testing.TB, lsJSON, name string) string {
+	t.Helper()
 	var ms []struct {
 		Name    string `json:"name"`
 		Network struct {
@@ -243,7 +254,9 @@ func (e *env) networkOf(name string) string {
 			Name string `json:"name"`
 		} `json:"network"`
 	}
-	e.jsonOK(&ms, "ls")
+	if err := jsonDecode(lsJSON, &ms); err != nil {
+		t.Fatalf("ls --json: %v", err)
+	}
 	for _, m := range ms {
 		if m.Name == name {
 			if m.Network.Name != "" {
@@ -252,7 +265,7 @@ func (e *env) networkOf(name string) string {
 			return m.Network.Kind
 		}
 	}
-	e.t.Fatalf("ls does not list %s", name)
+	t.Fatalf("ls does not list %s", name)
 	return ""
 }
 
@@ -285,4 +298,140 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// libvirtNet is an isolated libvirt network (no <forward>: nothing leaves
+// it) with libvirt's dnsmasq handing out leases.
+type libvirtNet struct{ name, bridge, gateway string }
+
+// newLibvirtNet creates a transient isolated network and destroys it when
+// the test ends, pass or fail. Call it before newDriverEnv, so that the
+// test's domains go first.
+func newLibvirtNet(t *testing.T) *libvirtNet {
+	t.Helper()
+	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
+	id := hex.EncodeToString(sum[:3])
+	n := &libvirtNet{name: "vmfork-" + id, bridge: "vmfvb" + id, gateway: "10.232.0.1"}
+	x := `<network>
+  <name>` + n.name + `</name>
+  <bridge name='` + n.bridge + `' stp='off'/>
+  <ip address='` + n.gateway + `' netmask='255.255.255.0'>
+    <dhcp><range start='10.232.0.10' end='10.232.0.250'/></dhcp>
+  </ip>
+</network>
+`
+	f := filepath.Join(t.TempDir(), n.name+".xml")
+	if err := os.WriteFile(f, []byte(x), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	virshOK(t, "net-create", f)
+	t.Cleanup(func() {
+		if out, err := virsh(t, "net-destroy", n.name); err != nil {
+			t.Errorf("virsh net-destroy %s: %v: %s", n.name, err, out)
+		}
+	})
+	return n
+}
+
+// leases lists `virsh net-dhcp-leases`: one line per lease, the MAC and
+// the address among its fields.
+func (n *libvirtNet) leases(t *testing.T) []lease {
+	t.Helper()
+	var ls []lease
+	for _, l := range strings.Split(virshOK(t, "net-dhcp-leases", n.name), "\n") {
+		var le lease
+		for _, f := range strings.Fields(l) {
+			if len(f) == 17 && strings.Count(f, ":") == 5 {
+				le.mac = strings.ToLower(f)
+			} else if p, err := netip.ParsePrefix(f); err == nil && p.Addr().Is4() {
+				le.ip = p.Addr().String()
+			}
+		}
+		if le.mac != "" && le.ip != "" {
+			ls = append(ls, le)
+		}
+	}
+	return ls
+}
+
+func (n *libvirtNet) leasesOf(t *testing.T, mac string) []string {
+	t.Helper()
+	var ips []string
+	for _, l := range n.leases(t) {
+		if l.mac == strings.ToLower(mac) {
+			ips = append(ips, l.ip)
+		}
+	}
+	return ips
+}
+
+// TestNetworkLibvirtChildren forks a domain an operator put on an isolated
+// libvirt network into three children: they are on the same network, each
+// under its own MAC with one lease of its own from the network's dnsmasq
+// (none the parent's), and each reaches the parent over it.
+func TestNetworkLibvirtChildren(t *testing.T) {
+	n := newLibvirtNet(t)
+	d := newDriverEnv(t, []string{"--connect", libvirtURI})
+	// The domain's QEMU runs as libvirt-qemu, as an operator's would.
+	reachableByQEMU(t, filepath.Dir(t.TempDir()))
+	p := d.n("net")
+	x := strings.Replace(operatorXML(p, d.guest, "", sharedFileRAM, noBalloon),
+		"<interface type='user'>", "<interface type='network'><source network='"+n.name+"'/>", 1)
+	defineDomain(t, p, x, true)
+	waitAgent(t, p)
+	parentMAC := ""
+	for _, f := range strings.Fields(virshOK(t, "domiflist", p)) {
+		if len(f) == 17 && strings.Count(f, ":") == 5 {
+			parentMAC = strings.ToLower(f)
+		}
+	}
+	var parentIP string
+	if !eventually(time.Minute, func() bool {
+		ips := n.leasesOf(t, parentMAC)
+		if len(ips) == 1 {
+			parentIP = ips[0]
+		}
+		return parentIP != ""
+	}) {
+		t.Fatalf("the parent (%s) got no lease on %s: %+v", parentMAC, n.name, n.leases(t))
+	}
+
+	// All three at once, as users fork. libvirt's dnsmasq pings every
+	// address before it offers it (3 s, one offer after another), so the
+	// children's DHCP clients must be patient enough for that.
+	var res forkJSON
+	d.cliJSON(&res, "fork", p, "--count", "3")
+	if len(res.Children) != 3 || len(res.Failed) != 0 {
+		t.Fatalf("fork = %+v, want three children", res)
+	}
+	ms := d.machines()
+	if got := d.networkOf(p); got != "network="+n.name {
+		t.Errorf("ls --json: %s's network is %q, want network=%s", p, got, n.name)
+	}
+	ips := map[string]string{parentIP: p}
+	for _, c := range res.Children {
+		mac := strings.ToLower(ms[c.Name].MAC)
+		if mac == "" || mac == parentMAC {
+			t.Errorf("%s's MAC %q: want one of its own, not the parent's %s", c.Name, mac, parentMAC)
+		}
+		if got := strings.ToLower(virshOK(t, "domiflist", c.Name)); !strings.Contains(got, n.name) || !strings.Contains(got, mac) {
+			t.Errorf("virsh domiflist %s:\n%s\nwant network %s and the child's MAC %s", c.Name, got, n.name, mac)
+		}
+		got := n.leasesOf(t, mac)
+		if len(got) != 1 {
+			t.Errorf("virsh net-dhcp-leases %s lists %v for %s (%s), want one lease", n.name, got, c.Name, mac)
+			continue
+		}
+		if other, dup := ips[got[0]]; dup {
+			t.Errorf("%s's lease %s is %s's too", c.Name, got[0], other)
+		}
+		ips[got[0]] = c.Name
+		addrs := guestIPv4(d.run(c.Name, "ip", "-4", "-o", "addr", "show", "dev", "eth0"))
+		if !contains(addrs, got[0]) || contains(addrs, parentIP) {
+			t.Errorf("%s's eth0 has %v: want its lease %s and not the parent's %s", c.Name, addrs, got[0], parentIP)
+		}
+		if r := d.cli("exec", c.Name, "--", "ping", "-c", "2", "-W", "2", parentIP); r.code != 0 {
+			t.Errorf("%s cannot ping the parent at %s over %s: %s", c.Name, parentIP, n.name, r)
+		}
+	}
 }
