@@ -290,3 +290,70 @@ func TestAnsiblePlaybook(t *testing.T) {
 		t.Errorf("RAM files left in %s: %d", e.memDir, len(left))
 	}
 }
+
+// The agent connection runs real Python modules (setup, copy, command) in a
+// fork child of the Debian guest, which has python3 and no SSH key for us.
+const debianPlaybook = `
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - vmfork.vmfork.vmfork_fork:
+        parent: deb
+        names: [deb-1]
+        hostname: "box-{n}"
+        binary: "{{ vmfork_bin }}"
+        state_dir: "{{ vmfork_state }}"
+        mem_dir: "{{ vmfork_mem }}"
+        timeout: 300
+      register: forked
+    - ansible.builtin.add_host:
+        name: "{{ item.name }}"
+        groups: children
+        ansible_connection: vmfork.vmfork.agent
+        vmfork_binary: "{{ vmfork_bin }}"
+        vmfork_state_dir: "{{ vmfork_state }}"
+        vmfork_mem_dir: "{{ vmfork_mem }}"
+        vmfork_hostname: "{{ item.hostname }}"
+      loop: "{{ forked.children }}"
+
+- hosts: children
+  gather_facts: true
+  tasks:
+    - ansible.builtin.copy:
+        content: "configured by ansible in {{ inventory_hostname }}\n"
+        dest: /etc/motd
+        mode: "0644"
+    - ansible.builtin.command: cat /etc/motd
+      register: motd
+      changed_when: false
+    - ansible.builtin.fetch:
+        src: /etc/machine-id
+        dest: "{{ playbook_dir }}/fetched/"
+    - ansible.builtin.assert:
+        that:
+          - ansible_facts.hostname == vmfork_hostname
+          - motd.stdout == 'configured by ansible in ' ~ inventory_hostname
+`
+
+func TestAnsibleDebianModules(t *testing.T) {
+	e := newDebianEnv(t)
+	a := newAnsible(t, e.env)
+	e.bootDebian("deb", e.deb.Variants[0])
+	e.settle("deb")
+	rc, out, err := a.play("debian", debianPlaybook)
+	if err != nil {
+		t.Fatalf("playbook: %v\n%s", err, out)
+	}
+	// The fork and the copy change; setup, command and assert check.
+	if got := rc["deb-1"]; got.failed != 0 || got.unreachable != 0 || got.changed != 2 {
+		t.Errorf("deb-1: %+v, want changed=2 (copy, fetch) failed=0\n%s", got, out)
+	}
+	if got := strings.TrimSpace(e.exec("deb-1", "hostname")); got != "box-1" {
+		t.Errorf("deb-1 hostname %q, want box-1", got)
+	}
+	fetched, err := os.ReadFile(filepath.Join(a.dir, "fetched", "deb-1", "etc", "machine-id"))
+	if want := strings.TrimSpace(e.exec("deb-1", "cat", "/etc/machine-id")); err != nil || strings.TrimSpace(string(fetched)) != want {
+		t.Errorf("fetched machine-id %q (%v), want the child's %q", fetched, err, want)
+	}
+}

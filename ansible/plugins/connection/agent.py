@@ -65,6 +65,14 @@ options:
     type: str
     vars:
       - name: vmfork_ssh_host
+  vmfork_home:
+    description:
+      - C(HOME) for the guest commands. qemu-guest-agent runs them as root with no C(HOME),
+        and Ansible's remote temp dir (C(~/.ansible/tmp)) needs one.
+    type: str
+    default: /root
+    vars:
+      - name: vmfork_home
   vmfork_shell:
     description: The guest's shell that runs each command.
     type: str
@@ -139,7 +147,7 @@ class Connection(ConnectionBase):
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
         super(Connection, self).exec_command(cmd, in_data=in_data, sudoable=sudoable)
-        args = ['exec', self._machine, '--json']
+        args = ['exec', self._machine, '--json', '--env', 'HOME=%s' % self.get_option('vmfork_home')]
         if in_data is not None:
             args.append('--stdin')
         args += ['--', self.get_option('vmfork_shell'), '-c', to_text(cmd)]
