@@ -42,7 +42,8 @@ type TreeNode struct {
 	Expires time.Time `json:"expires,omitzero"`
 	TTLS    float64   `json:"ttl_left_s,omitempty"`
 	// RAMBytes is the memory the node holds on its own: a running machine's
-	// private resident memory (the pages no other process shares), a
+	// private dirty resident memory (what it wrote that no other process
+	// shares), a
 	// template's frozen RAM file. DiskBytes is its own top disk image.
 	RAMBytes  int64       `json:"ram_bytes"`
 	DiskBytes int64       `json:"disk_bytes"`
@@ -100,7 +101,9 @@ func privateRAM(m *Machine) int64 {
 	if err != nil {
 		return 0
 	}
-	return r.PrivateClean + r.PrivateDirty
+	// Private clean pages are mostly the template's RAM file, read but
+	// not written: they are the template's, not the machine's.
+	return r.PrivateDirty
 }
 
 func allocated(path string) int64 {
