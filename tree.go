@@ -212,7 +212,7 @@ func summarize(tr *Tree, in treeInput) *Tree {
 		if n.Kind == NodeTemplate {
 			users := 0
 			for _, c := range n.Children {
-				if c.State != StateStopped {
+				if c.Kind == NodeMachine && c.State != StateStopped {
 					users++
 				}
 			}
