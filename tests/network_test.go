@@ -165,14 +165,60 @@ func TestNetworkBridgeChildren(t *testing.T) {
 		t.Fatalf("the source got no lease on the bridge: leases %+v", b.dnsmasqLeases(t))
 	}
 
-	res, r := e.forkID(0, "src", "--count", "3")
+	kids := forkOnBridge(t, e, b, src, parentIP)
+	e.ok(append([]string{"rm", "--force"}, kids...)...)
+	if !eventually(30*time.Second, func() bool { return len(b.tapsOn(t)) == 1 }) {
+		t.Errorf("taps on %s after the children went: %v, want the source's only", b.bridge, b.tapsOn(t))
+	}
+
+	// A bridge gone since the source booted fails the fork before the
+	// pause: nothing is made and the source runs on.
+	if out, err := exec.Command("ip", "-n", b.ns, "link", "del", b.bridge).CombinedOutput(); err != nil {
+		t.Fatalf("remove the bridge: %v: %s", err, out)
+	}
+	r := e.vmfork("fork", "src")
+	if r.code != 2 || !strings.Contains(r.stderr, b.bridge) {
+		t.Errorf("fork of a source whose bridge is gone: %s, want exit 2 naming %s", r, b.bridge)
+	}
+	if ms := e.list(); len(ms) != 1 || ms[0].State != "running" {
+		t.Errorf("after the refused fork: %+v, want the source alone, running", ms)
+	}
+	if _, err := e.tryExec("src", "true"); err != nil {
+		t.Errorf("the source does not run commands after the refused fork: %v", err)
+	}
+}
+
+// TestNetworkBridgeChildrenDebian is TestNetworkBridgeChildren's fork on the
+// stock Debian guest (ifupdown and dhclient): the children must drop the
+// lease and address they inherit and each get one of their own.
+func TestNetworkBridgeChildrenDebian(t *testing.T) {
+	b := newBridgeNet(t)
+	e := newDebianEnv(t)
+	b.inNamespace(t, e.env)
+	src := e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"), "--network", "bridge="+b.bridge)
+	e.waitIPv4("deb", 2*time.Minute)
+	parentIP := b.leaseOf(t, src.MAC)
+	if parentIP == "" {
+		t.Fatalf("the source got no lease on the bridge: leases %+v", b.dnsmasqLeases(t))
+	}
+	kids := forkOnBridge(t, e.env, b, src, parentIP)
+	e.ok(append([]string{"rm", "--force"}, kids...)...)
+}
+
+// forkOnBridge forks src, booted on b with address parentIP, into three
+// children and checks that each is on b with a tap, a MAC and a lease of its
+// own, none the parent's, that its NIC has that one IPv4 address, and that it
+// pings the parent. It returns the children's names.
+func forkOnBridge(t *testing.T, e *env, b *bridgeNet, src machineJSON, parentIP string) []string {
+	t.Helper()
+	res, r := e.forkID(0, src.Name, "--count", "3")
 	if len(res.Children) != 3 {
 		t.Fatalf("fork: %+v (%s), want three children", res, r)
 	}
 	if taps := b.tapsOn(t); len(taps) != 4 {
 		t.Errorf("taps on %s: %v, want one each for the source and its three children", b.bridge, taps)
 	}
-	ips := map[string]string{parentIP: "src"}
+	ips := map[string]string{parentIP: src.Name}
 	for _, c := range res.Children {
 		m := e.machine(c.Name)
 		if got := e.networkOf(c.Name); got != "bridge="+b.bridge {
@@ -191,34 +237,18 @@ func TestNetworkBridgeChildren(t *testing.T) {
 		}
 		ips[ip] = c.Name
 		got := guestIPv4(e.exec(c.Name, "ip", "-4", "-o", "addr", "show", "dev", "eth0"))
-		if !contains(got, ip) || contains(got, parentIP) {
-			t.Errorf("%s's eth0 has %v: want its lease %s and not the parent's %s", c.Name, got, ip, parentIP)
+		if len(got) != 1 || got[0] != ip {
+			t.Errorf("%s's eth0 has %v: want its lease %s alone (not the parent's %s)", c.Name, got, ip, parentIP)
 		}
 		if out, err := e.tryExec(c.Name, "ping", "-c", "2", "-W", "2", parentIP); err != nil {
 			t.Errorf("%s cannot ping the parent at %s over the bridge: %v: %s", c.Name, parentIP, err, out)
 		}
 	}
-
-	e.ok("rm", "--force", res.Children[0].Name, res.Children[1].Name, res.Children[2].Name)
-	if !eventually(30*time.Second, func() bool { return len(b.tapsOn(t)) == 1 }) {
-		t.Errorf("taps on %s after the children went: %v, want the source's only", b.bridge, b.tapsOn(t))
+	var kids []string
+	for _, c := range res.Children {
+		kids = append(kids, c.Name)
 	}
-
-	// A bridge gone since the source booted fails the fork before the
-	// pause: nothing is made and the source runs on.
-	if out, err := exec.Command("ip", "-n", b.ns, "link", "del", b.bridge).CombinedOutput(); err != nil {
-		t.Fatalf("remove the bridge: %v: %s", err, out)
-	}
-	r = e.vmfork("fork", "src")
-	if r.code != 2 || !strings.Contains(r.stderr, b.bridge) {
-		t.Errorf("fork of a source whose bridge is gone: %s, want exit 2 naming %s", r, b.bridge)
-	}
-	if ms := e.list(); len(ms) != 1 || ms[0].State != "running" {
-		t.Errorf("after the refused fork: %+v, want the source alone, running", ms)
-	}
-	if _, err := e.tryExec("src", "true"); err != nil {
-		t.Errorf("the source does not run commands after the refused fork: %v", err)
-	}
+	return kids
 }
 
 // leaseOf returns the address dnsmasq leased to mac, or "".
