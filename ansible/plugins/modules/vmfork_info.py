@@ -21,7 +21,6 @@ options:
     type: str
 extends_documentation_fragment:
   - action_common_attributes
-  - action_common_attributes.info_module
   - vmfork.vmfork.vmfork
 attributes:
   check_mode:
