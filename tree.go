@@ -143,7 +143,10 @@ func buildTree(in treeInput) *Tree {
 	byID := map[string]*Template{}
 	for _, t := range in.templates {
 		byID[t.ID] = t
-		n := &TreeNode{Kind: NodeTemplate, Name: t.ID, Kept: t.Name, Created: t.Created, Expires: t.Expires}
+		n := &TreeNode{Kind: NodeTemplate, Name: t.ID, Kept: t.Name, Created: t.Created}
+		if t.Name != "" {
+			n.Expires = t.Expires // a given-up template's deadline has done its work
+		}
 		if t.HasMemory {
 			n.RAMBytes = in.disk(t.Paths.RAM)
 		}
