@@ -124,6 +124,8 @@ const recoverLockWait = 200 * time.Millisecond
 // changes or lists machines calls it first; with nothing to repair it costs
 // one directory read.
 func (mg *Manager) Recover(ctx context.Context) error {
+	// Branches of an explore that died go too (explore.go).
+	mg.reapDeadExplores(ctx)
 	entries, err := mg.Store.abandoned()
 	if err != nil || len(entries) == 0 {
 		return err

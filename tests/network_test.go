@@ -396,17 +396,33 @@ func (n *libvirtNet) leasesOf(t *testing.T, mac string) []string {
 }
 
 // TestNetworkLibvirtChildren forks a domain an operator put on an isolated
-// libvirt network into three children: they are on the same network, each
-// under its own MAC with one lease of its own from the network's dnsmasq
-// (none the parent's), and each reaches the parent over it.
+// libvirt network, through <interface type='network'> and through
+// type='bridge' on that network's bridge, into three children: they are on
+// the same network, each under its own MAC with one lease of its own from
+// the network's dnsmasq (none the parent's), and each reaches the parent.
 func TestNetworkLibvirtChildren(t *testing.T) {
-	n := newLibvirtNet(t)
+	for _, kind := range []string{"network", "bridge"} {
+		t.Run(kind, func(t *testing.T) {
+			n := newLibvirtNet(t)
+			name := n.name
+			if kind == "bridge" {
+				name = n.bridge
+			}
+			nic := "<interface type='" + kind + "'><source " + kind + "='" + name + "'/>"
+			forkOnLibvirtNet(t, n, nic, kind+"="+name)
+		})
+	}
+}
+
+// forkOnLibvirtNet defines and starts a domain whose NIC is nic (an opening
+// <interface> tag and its <source>), on n, which ls shows as network, forks
+// it into three and checks the children.
+func forkOnLibvirtNet(t *testing.T, n *libvirtNet, nic, network string) {
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	// The domain's QEMU runs as libvirt-qemu, as an operator's would.
 	reachableByQEMU(t, filepath.Dir(t.TempDir()))
 	p := d.n("net")
-	x := strings.Replace(operatorXML(p, d.guest, "", sharedFileRAM, noBalloon),
-		"<interface type='user'>", "<interface type='network'><source network='"+n.name+"'/>", 1)
+	x := strings.Replace(operatorXML(p, d.guest, "", sharedFileRAM, noBalloon), "<interface type='user'>", nic, 1)
 	defineDomain(t, p, x, true)
 	waitAgent(t, p)
 	parentMAC := ""
@@ -435,8 +451,8 @@ func TestNetworkLibvirtChildren(t *testing.T) {
 		t.Fatalf("fork = %+v, want three children", res)
 	}
 	ms := d.machines()
-	if got := d.networkOf(p); got != "network="+n.name {
-		t.Errorf("ls --json: %s's network is %q, want network=%s", p, got, n.name)
+	if got := d.networkOf(p); got != network {
+		t.Errorf("ls --json: %s's network is %q, want %s", p, got, network)
 	}
 	ips := map[string]string{parentIP: p}
 	for _, c := range res.Children {
@@ -444,8 +460,11 @@ func TestNetworkLibvirtChildren(t *testing.T) {
 		if mac == "" || mac == parentMAC {
 			t.Errorf("%s's MAC %q: want one of its own, not the parent's %s", c.Name, mac, parentMAC)
 		}
-		if got := strings.ToLower(virshOK(t, "domiflist", c.Name)); !strings.Contains(got, n.name) || !strings.Contains(got, mac) {
-			t.Errorf("virsh domiflist %s:\n%s\nwant network %s and the child's MAC %s", c.Name, got, n.name, mac)
+		if got := strings.ToLower(virshOK(t, "domiflist", c.Name)); !strings.Contains(got, strings.SplitN(network, "=", 2)[1]) || !strings.Contains(got, mac) {
+			t.Errorf("virsh domiflist %s:\n%s\nwant %s and the child's MAC %s", c.Name, got, network, mac)
+		}
+		if got := d.networkOf(c.Name); got != network {
+			t.Errorf("ls --json: %s's network is %q, want its source's %s", c.Name, got, network)
 		}
 		got := n.leasesOf(t, mac)
 		if len(got) != 1 {
