@@ -74,7 +74,19 @@ func (a *ansible) play(name, playbook string, args ...string) (map[string]recap,
 	cmd := exec.CommandContext(ctx, "ansible-playbook", append([]string{"-i", "localhost,", "-e", "@" + varsFile, pb}, args...)...)
 	cmd.Dir = a.dir
 	cmd.WaitDelay = 10 * time.Second
-	cmd.Env = append(os.Environ(),
+	cmd.Env = a.environ()
+	out, err := cmd.CombinedOutput()
+	counts := map[string]recap{}
+	for _, m := range recapLine.FindAllStringSubmatch(string(out), -1) {
+		n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+		counts[m[1]] = recap{ok: n(2), changed: n(3), unreachable: n(4), failed: n(5)}
+	}
+	return counts, string(out), err
+}
+
+// environ keeps Ansible's files in the test's dir and finds the collection there.
+func (a *ansible) environ() []string {
+	return append(os.Environ(),
 		"ANSIBLE_COLLECTIONS_PATH="+a.dir,
 		"ANSIBLE_HOME="+filepath.Join(a.dir, "home"),
 		"ANSIBLE_LOCAL_TEMP="+filepath.Join(a.dir, "tmp"),
@@ -83,13 +95,26 @@ func (a *ansible) play(name, playbook string, args ...string) (map[string]recap,
 		"ANSIBLE_LOCALHOST_WARNING=0",
 		"ANSIBLE_PYTHON_INTERPRETER=/usr/bin/python3",
 	)
-	out, err := cmd.CombinedOutput()
-	counts := map[string]recap{}
-	for _, m := range recapLine.FindAllStringSubmatch(string(out), -1) {
-		n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
-		counts[m[1]] = recap{ok: n(2), changed: n(3), unreachable: n(4), failed: n(5)}
+}
+
+// inventory runs ansible-inventory --list on the vmfork inventory plugin.
+func (a *ansible) inventory() map[string]json.RawMessage {
+	a.t.Helper()
+	src := filepath.Join(a.dir, "machines.vmfork.yml")
+	conf := "plugin: vmfork.vmfork.vmfork\nbinary: " + a.e.bin + "\nstate_dir: " + a.e.stateDir + "\nmem_dir: " + a.e.memDir + "\n"
+	if err := os.WriteFile(src, []byte(conf), 0o644); err != nil {
+		a.t.Fatal(err)
 	}
-	return counts, string(out), err
+	ctx, cancel := context.WithTimeout(a.t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ansible-inventory", "-i", src, "--list")
+	cmd.Env = a.environ()
+	out, err := cmd.Output()
+	var inv map[string]json.RawMessage
+	if err != nil || json.Unmarshal(out, &inv) != nil {
+		a.t.Fatalf("ansible-inventory: %v\n%s", err, out)
+	}
+	return inv
 }
 
 // site.yml: boot the parent, burst children with a hostname pattern through
@@ -242,6 +267,24 @@ func TestAnsiblePlaybook(t *testing.T) {
 	}
 	if len(names) != 3 || names["web-1"] != "node1" || names["web-2"] != "node2" || hosts["web-1"] != "web" {
 		t.Fatalf("machines after the burst: %v (parents %v), want web, and web-1, web-2 as node1, node2", names, hosts)
+	}
+
+	inv := a.inventory()
+	var parent struct{ Hosts []string }
+	var meta struct {
+		HostVars map[string]struct {
+			MAC        string `json:"vmfork_mac"`
+			Hostname   string `json:"vmfork_hostname"`
+			Connection string `json:"ansible_connection"`
+		} `json:"hostvars"`
+	}
+	json.Unmarshal(inv["vmfork_parent_web"], &parent)
+	json.Unmarshal(inv["_meta"], &meta)
+	if strings.Join(parent.Hosts, ",") != "web-1,web-2" {
+		t.Errorf("inventory group vmfork_parent_web: %v, want web-1,web-2", parent.Hosts)
+	}
+	if h := meta.HostVars["web-2"]; h.Hostname != "node2" || h.MAC == "" || h.Connection != "vmfork.vmfork.agent" {
+		t.Errorf("inventory host vars of web-2: %+v, want hostname node2, a MAC and the agent connection", h)
 	}
 
 	rc, out, err = a.play("site", sitePlaybook)
