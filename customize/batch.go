@@ -61,12 +61,15 @@ type PartFunc func(ctx context.Context, env *Env) ([]*Part, error)
 // it (ASCII record separator).
 const batchMark = "\x1evmfork"
 
-// batchHead is the start of every batch script. It reads the clock with shell
+// batchHead is the start of every batch script. $R is the root of the
+// guest's files in the parts' paths: empty, except in tests that run the
+// scripts on the host. It reads the clock with shell
 // builtins only: /proc/timer_list's "now at N nsecs" (root only), else
 // /proc/uptime in hundredths. vmfork_step records the running part in
 // $VMFORK_STATUS so the host can tell which timed out.
 const batchHead = `# vmfork identity batch
 exec 3<&0 </dev/null
+R=${VMFORK_ROOT-}
 vmfork_now() {
 	vmfork_ns=
 	{ read -r _ && read -r _ && read -r _ _ vmfork_ns _; } </proc/timer_list 2>/dev/null

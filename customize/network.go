@@ -231,30 +231,30 @@ func (n NetworkSpec) finish(ctx context.Context, env *Env, nic string, mode Netw
 // the script reads /sys and /proc with builtins.
 const netDownScript = `set -e
 nic=$1 mac=$2 mode=$3 addr=$4 gw=$5 dns=$6 custom=$7
-state=` + netState + `
+state=$R` + netState + `
 ifindex= mgr= dhc= cmd= how=
-read -r ifindex <"/sys/class/net/$nic/ifindex" || true
+read -r ifindex <"$R/sys/class/net/$nic/ifindex" || true
 # What configures the NIC.
-if [ -d /run/systemd/system ] && [ -n "$ifindex" ] && [ -r "/run/systemd/netif/links/$ifindex" ]; then
+if [ -d $R/run/systemd/system ] && [ -n "$ifindex" ] && [ -r "$R/run/systemd/netif/links/$ifindex" ]; then
 	while IFS='=' read -r k v; do
 		if [ "$k" = ADMIN_STATE ] && [ "$v" != unmanaged ]; then mgr=networkd; fi
-	done <"/run/systemd/netif/links/$ifindex"
+	done <"$R/run/systemd/netif/links/$ifindex"
 fi
-if [ -r /run/NetworkManager/NetworkManager.pid ] && read -r p </run/NetworkManager/NetworkManager.pid &&
-	read -r c <"/proc/$p/comm" 2>/dev/null && [ "$c" = NetworkManager ]; then
+if [ -r $R/run/NetworkManager/NetworkManager.pid ] && read -r p <$R/run/NetworkManager/NetworkManager.pid &&
+	read -r c <"$R/proc/$p/comm" 2>/dev/null && [ "$c" = NetworkManager ]; then
 	mgr=nm
 fi
 pids=
 if [ -z "$mgr" ]; then
-	for p in /proc/[0-9]*; do
+	for p in $R/proc/[0-9]*; do
 		read -r c <"$p/comm" 2>/dev/null || continue
 		case $c in
-		dhclient | udhcpc | dhcpcd) dhc=$c pids="$pids ${p#/proc/}" ;;
+		dhclient | udhcpc | dhcpcd) dhc=$c pids="$pids ${p#"$R"/proc/}" ;;
 		esac
 	done
 	if [ -n "$pids" ]; then
 		set -- $pids
-		cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null || true)
+		cmd=$(tr '\0' ' ' <"$R/proc/$1/cmdline" 2>/dev/null || true)
 	fi
 fi
 if [ "$mode" = static ] && [ "$mgr" = nm ]; then
@@ -278,13 +278,13 @@ else
 		how="NetworkManager stopped"
 		;;
 	esac
-	for f in /var/lib/dhcp/dhclient*.leases /var/lib/dhclient/*.leases /var/lib/NetworkManager/*"$nic"*.lease \
-		/var/lib/dhcpcd/*"$nic"*.lease /var/lib/udhcpc/*"$nic"* "/run/systemd/netif/leases/$ifindex"; do
+	for f in $R/var/lib/dhcp/dhclient*.leases $R/var/lib/dhclient/*.leases $R/var/lib/NetworkManager/*"$nic"*.lease \
+		$R/var/lib/dhcpcd/*"$nic"*.lease $R/var/lib/udhcpc/*"$nic"* "$R/run/systemd/netif/leases/$ifindex"; do
 		if [ -f "$f" ]; then : >"$f"; fi
 	done
 	how="${how:+$how; }lease files emptied"
 fi
-if [ -w "/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then echo 1 >"/proc/sys/net/ipv4/conf/$nic/arp_notify"; fi
+if [ -w "$R/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then echo 1 >"$R/proc/sys/net/ipv4/conf/$nic/arp_notify"; fi
 ip link set dev "$nic" down
 if [ "$mode" != none ]; then ip -4 addr flush dev "$nic"; fi
 ip link set dev "$nic" address "$mac" up
@@ -294,23 +294,23 @@ static)
 	if [ "$mgr" = networkd ]; then
 		# networkd would put its DHCP lease back: a runtime .network
 		# file that sorts first gives it the static address instead.
-		mkdir -p /run/systemd/network
+		mkdir -p $R/run/systemd/network
 		{
 			printf '[Match]\nName=%s\n[Network]\nDHCP=no\nAddress=%s\n' "$nic" "$addr"
 			if [ -n "$gw" ]; then printf 'Gateway=%s\n' "$gw"; fi
 			for s in $dns; do printf 'DNS=%s\n' "$s"; done
-		} >"/run/systemd/network/00-vmfork-$nic.network"
+		} >"$R/run/systemd/network/00-vmfork-$nic.network"
 		systemctl restart systemd-networkd.service </dev/null >/dev/null
-		how="${how:+$how; }systemd-networkd with /run/systemd/network/00-vmfork-$nic.network"
+		how="${how:+$how; }systemd-networkd with $R/run/systemd/network/00-vmfork-$nic.network"
 	else
 		ip addr add "$addr" dev "$nic"
 		if [ -n "$gw" ]; then ip route replace default via "$gw" dev "$nic"; fi
 		how="${how:+$how; }ip addr add"
 	fi
 	if [ -n "$dns" ]; then
-		for s in $dns; do echo "nameserver $s"; done >/etc/resolv.conf.vmfork
-		cat /etc/resolv.conf.vmfork >/etc/resolv.conf
-		rm -f /etc/resolv.conf.vmfork
+		for s in $dns; do echo "nameserver $s"; done >$R/etc/resolv.conf.vmfork
+		cat $R/etc/resolv.conf.vmfork >$R/etc/resolv.conf
+		rm -f $R/etc/resolv.conf.vmfork
 	fi
 	;;
 none)
@@ -350,8 +350,8 @@ fi`
 const netUpScript = `nic=$1 mac=$2 to=$3
 shift 3
 mgr= dhc= ifindex= cmd=
-[ -r ` + netState + ` ] && . ` + netState + `
-log=/run/.vmfork-dhcp.log
+[ -r "$R` + netState + `" ] && . "$R` + netState + `"
+log=$R/run/.vmfork-dhcp.log
 fail() {
 	echo "$1: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')" >&2
 	exit 101
@@ -370,7 +370,7 @@ if [ $# -gt 0 ]; then
 	"$@" </dev/null >"$log" 2>&1 || fail "network.dhcp_command $1 failed"
 	how="dhcp_command $1"
 elif [ "$mgr" = networkd ]; then
-	wait_for test -s "/run/systemd/netif/leases/$ifindex" || fail "systemd-networkd got no DHCP lease on $nic in ${to}s"
+	wait_for test -s "$R/run/systemd/netif/leases/$ifindex" || fail "systemd-networkd got no DHCP lease on $nic in ${to}s"
 	wait_for has_v4 || fail "systemd-networkd did not configure its lease on $nic in ${to}s"
 	how="systemd-networkd lease"
 elif [ "$mgr" = nm ]; then
@@ -384,24 +384,28 @@ elif [ -n "$cmd" ]; then
 	# shellcheck disable=SC2086 # its arguments, split as they were
 	set -- $cmd
 	set +f
-	"$@" </dev/null >"$log" 2>&1 || fail "$dhc failed"
+	p=$1
+	shift
+	case $p in /*) p=$R$p ;; esac
+	"$p" "$@" </dev/null >"$log" 2>&1 || fail "$dhc failed"
+	set -- "$p" "$@"
 	how="$dhc restarted as it ran ($*)"
 elif command -v udhcpc >/dev/null 2>&1; then
 	# One exchange, as a guest whose udhcpc quit after its lease did at
 	# boot; vmfork's event script applies the lease with two ip commands.
-	s=/run/.vmfork-udhcpc.script
+	s=$R/run/.vmfork-udhcpc.script
 	{
 		printf '#!/bin/sh\ncase $1 in\nbound|renew)\n'
 		printf '\tip -4 addr flush dev "$interface"\n'
 		printf '\tip addr add "$ip/$mask" broadcast + dev "$interface" || exit 1\n'
 		printf '\tfor r in $router; do ip route replace default via "$r" dev "$interface"; break; done\n'
-		printf '\tif [ -n "$dns" ]; then for d in $dns; do echo "nameserver $d"; done >/etc/resolv.conf; fi\n;;\nesac\n'
+		printf '\tif [ -n "$dns" ]; then for d in $dns; do echo "nameserver $d"; done >$R/etc/resolv.conf; fi\n;;\nesac\n'
 	} >"$s"
 	chmod 700 "$s"
 	udhcpc -i "$nic" -n -q -t 5 -T 1 -s "$s" </dev/null >"$log" 2>&1 || fail "udhcpc got no lease on $nic"
 	how="udhcpc -q"
 elif command -v dhclient >/dev/null 2>&1; then
-	dhclient -4 -1 -pf "/run/dhclient.$nic.pid" -lf "/var/lib/dhcp/dhclient.$nic.leases" "$nic" </dev/null >"$log" 2>&1 || fail "dhclient got no lease on $nic"
+	dhclient -4 -1 -pf "$R/run/dhclient.$nic.pid" -lf "$R/var/lib/dhcp/dhclient.$nic.leases" "$nic" </dev/null >"$log" 2>&1 || fail "dhclient got no lease on $nic"
 	how="dhclient"
 elif command -v dhcpcd >/dev/null 2>&1; then
 	dhcpcd -4 -w "$nic" </dev/null >"$log" 2>&1 || fail "dhcpcd got no lease on $nic"
@@ -410,7 +414,7 @@ else
 	echo "the guest has no DHCP client (systemd-networkd, NetworkManager, dhclient, udhcpc or dhcpcd): install isc-dhcp-client, set network.dhcp_command, use --network static or none, or --skip-step vmfork.network" >&2
 	exit 101
 fi
-if [ -w "/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then
+if [ -w "$R/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then
 	ip link set dev "$nic" address "$mac" && how="$how; gratuitous ARP (arp_notify)"
 elif command -v arping >/dev/null 2>&1; then
 	a=$(ip -4 -o addr show dev "$nic" scope global | { read -r _ _ _ a _; echo "${a%/*}"; })

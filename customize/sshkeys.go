@@ -252,7 +252,7 @@ while IFS= read -r l; do
 	case $l in
 	"$m F "*) f=${l#"$m F "} c= ;;
 	"$m E")
-		printf '%s' "$c" >"$f" || exit 1
+		printf '%s' "$c" >"$R$f" || exit 1
 		n=$((n + 1))
 		;;
 	*) c="$c$l
@@ -260,12 +260,12 @@ while IFS= read -r l; do
 	esac
 done
 pid= comm=
-if [ -r /run/sshd.pid ] && read -r pid </run/sshd.pid && [ -n "$pid" ] && read -r comm <"/proc/$pid/comm" 2>/dev/null && [ "$comm" = sshd ]; then
+if [ -r $R/run/sshd.pid ] && read -r pid <$R/run/sshd.pid && [ -n "$pid" ] && read -r comm <"$R/proc/$pid/comm" 2>/dev/null && [ "$comm" = sshd ]; then
 	kill -HUP "$pid" || exit 1
 	echo "sshd reloaded (SIGHUP to pid $pid)"
-elif [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+elif [ -d $R/run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	for u in ssh sshd; do
-		for d in /etc/systemd/system /run/systemd/system /lib/systemd/system /usr/lib/systemd/system; do
+		for d in $R/etc/systemd/system $R/run/systemd/system $R/lib/systemd/system $R/usr/lib/systemd/system; do
 			if [ -e "$d/$u.service" ]; then
 				systemctl try-reload-or-restart "$u.service" </dev/null >/dev/null || exit 1
 				echo "systemctl try-reload-or-restart $u.service"

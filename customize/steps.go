@@ -60,7 +60,7 @@ func RNGStep() Step {
 // seeded at the fork; it will be seeded from the input pool, which the new
 // GUID went into). A grandchild also sees its parent's log line, which is
 // fine: its kernel has the driver and its GUID changed.
-const rngScript = `set -- /sys/bus/acpi/drivers/vmgenid/*:*
+const rngScript = `set -- $R/sys/bus/acpi/drivers/vmgenid/*:*
 if [ ! -e "$1" ]; then
 	echo "the guest kernel has no vmgenid driver (CONFIG_VMGENID): the child would keep its siblings' random state; boot a kernel with CONFIG_VMGENID=y (Debian's generic one has it), or --skip-step vmfork.rng" >&2
 	exit 101
@@ -166,14 +166,14 @@ func HostnameStep(pattern string) Step {
 // unreadable to everyone but root.
 const hostnameScript = replaceHostFunc + `set -e
 new=$1 old= cur= how=
-uts=/proc/sys/kernel/hostname
-if [ -r "$uts" ]; then read -r old <"$uts" || old=; else old=$(hostname 2>/dev/null || true); fi
-if [ -d /run/systemd/system ] && [ -S /run/dbus/system_bus_socket ] && command -v hostnamectl >/dev/null 2>&1; then
+uts=$R/proc/sys/kernel/hostname
+if [ -r "$uts" ]; then read -r old <"$uts" || :; else old=$(hostname 2>/dev/null || true); fi
+if [ -d $R/run/systemd/system ] && [ -S $R/run/dbus/system_bus_socket ] && command -v hostnamectl >/dev/null 2>&1; then
 	if err=$(hostnamectl set-hostname "$new" 2>&1); then
 		how=hostnamectl
 	else
 		how="hostnamectl failed (${err%%
-*}), so /etc/hostname and the kernel's name"
+*}), so $R/etc/hostname and the kernel's name"
 	fi
 fi
 if [ "$how" != hostnamectl ]; then
@@ -182,17 +182,17 @@ if [ "$how" != hostnamectl ]; then
 	# hostname(1) set it, or say why it cannot.
 	if [ "$cur" != "$new" ]; then
 		if ! command -v hostname >/dev/null 2>&1; then
-			echo "cannot set the kernel's hostname: /proc/sys/kernel/hostname did not take it and the guest has no hostname command (install hostname, or --skip-step vmfork.hostname)" >&2
+			echo "cannot set the kernel's hostname: $R/proc/sys/kernel/hostname did not take it and the guest has no hostname command (install hostname, or --skip-step vmfork.hostname)" >&2
 			exit 101
 		fi
 		hostname "$new"
 	fi
-	if [ -e /etc/hostname ]; then printf '%s\n' "$new" >/etc/hostname; fi
-	: "${how:=/etc/hostname and the kernel's name}"
+	if [ -e $R/etc/hostname ]; then printf '%s\n' "$new" >$R/etc/hostname; fi
+	: "${how:=$R/etc/hostname and the kernel's name}"
 fi
-if [ -n "$old" ] && [ "$old" != "$new" ] && [ -f /etc/hosts ]; then
-	replace_host /etc/hosts "$old" "$new"
-	how="$how, /etc/hosts"
+if [ -n "$old" ] && [ "$old" != "$new" ] && [ -f $R/etc/hosts ]; then
+	replace_host $R/etc/hosts "$old" "$new"
+	how="$how, $R/etc/hosts"
 fi
 printf '%s\n' "$how"`
 
@@ -320,13 +320,13 @@ func MachineIDStep() Step {
 // machineIDScript: systemctl reaches PID 1 over its private socket, so it
 // works without D-Bus; --no-block queues the restart instead of waiting for
 // it, which keeps journald's start out of the chain.
-const machineIDScript = `if [ ! -e /etc/machine-id ]; then echo "the guest has no /etc/machine-id"; exit 100; fi
-printf '%s\n' "$1" >/etc/machine-id || exit 1
-how=/etc/machine-id
-if [ -f /var/lib/dbus/machine-id ] && [ ! -L /var/lib/dbus/machine-id ]; then
-	printf '%s\n' "$1" >/var/lib/dbus/machine-id && how="$how, /var/lib/dbus/machine-id (a copy)"
+const machineIDScript = `if [ ! -e $R/etc/machine-id ]; then echo "the guest has no $R/etc/machine-id"; exit 100; fi
+printf '%s\n' "$1" >$R/etc/machine-id || exit 1
+how=$R/etc/machine-id
+if [ -f $R/var/lib/dbus/machine-id ] && [ ! -L $R/var/lib/dbus/machine-id ]; then
+	printf '%s\n' "$1" >$R/var/lib/dbus/machine-id && how="$how, $R/var/lib/dbus/machine-id (a copy)"
 fi
-if [ -d /run/systemd/system ] && [ -e /run/systemd/journal/socket ]; then
+if [ -d $R/run/systemd/system ] && [ -e $R/run/systemd/journal/socket ]; then
 	if systemctl --no-block restart systemd-journald.service >/dev/null 2>&1 </dev/null; then
 		how="$how; systemd-journald restarted"
 	fi
