@@ -30,58 +30,6 @@ const (
 	migrationPoll = 2 * time.Millisecond
 )
 
-// Freeze implements vmfork.Forker. Everything that can be prepared or checked
-// is done before the source is paused; the pause covers only stop, the disk
-// switch, the device-state save, the RAM copy and cont.
-func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template) (fr vmfork.FreezeResult, err error) {
-	if !templates.Alive(src.PID, src.Paths.QMP) {
-		return fr, fmt.Errorf("machine %q: %w", src.Name, vmfork.ErrNotRunning)
-	}
-	log := d.log.WithField("machine", src.Name)
-	mon, err := qmp.Dial(ctx, src.Paths.QMP, qmp.WithLogger(log))
-	if err != nil {
-		return fr, fmt.Errorf("connect to QMP: %w", err)
-	}
-	defer mon.Close()
-	prep, err := d.prepareFreeze(ctx, mon, src, t)
-	if err != nil {
-		return fr, err
-	}
-	defer prep.cleanup()
-	release, err := qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
-	if err != nil {
-		return fr, err
-	}
-	defer release()
-
-	w, err := sharedmem.Pause(ctx, sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused})
-	if err != nil {
-		return fr, err
-	}
-	defer w.Rollback(ctx, &err)
-	if src.Spec.Disk != "" {
-		if err := switchDisk(ctx, mon, src, t, prep, w); err != nil {
-			return fr, fmt.Errorf("switch disk: %w", err)
-		}
-	}
-	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log)); err != nil {
-		return fr, fmt.Errorf("save device state: %w", err)
-	}
-	vmfork.Fault(vmfork.FaultFreezePaused, src.PID)
-	fr.RAMCopiedBytes, err = sharedmem.SaveRAM(ctx, src.Paths.RAM, t.Paths.RAM, src.Paths.RAMShared, int64(src.Spec.MemoryMiB)<<20)
-	if err != nil {
-		return fr, err
-	}
-	if fr.Pause, err = w.Resume(ctx); err != nil {
-		return fr, err
-	}
-	if st, err := os.Stat(t.Paths.DevState); err == nil {
-		t.Manifest.DevStateBytes = st.Size()
-	}
-	log.WithFields(logrus.Fields{"template": t.ID, "pause": fr.Pause}).Debug("frozen")
-	return fr, nil
-}
-
 // freezePrep is what a freeze prepares before pausing the source.
 type freezePrep struct {
 	topNode string // the source's current top disk node
@@ -215,8 +163,15 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err := vmfork.PickPorts(m.Spec.Ports); err != nil {
 		return err
 	}
-	p, err := d.spawnMachine(bin, m, ArgvOptions{Incoming: true})
+	am, start, err := childRAM(m, t)
 	if err != nil {
+		return err
+	}
+	p, err := d.spawnMachine(bin, am, ArgvOptions{Incoming: true})
+	if err != nil {
+		if start != "" {
+			os.Remove(start)
+		}
 		return err
 	}
 	m.PID = p.pid
@@ -234,6 +189,9 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	got := manifestOf(m, mon.Greeting())
 	got.RAMSharedWithChildren, got.DevStateBytes = t.Manifest.RAMSharedWithChildren, t.Manifest.DevStateBytes
 	if err := got.Check(t.Manifest); err != nil {
+		return err
+	}
+	if err := mapTemplate(ctx, mon, p.pid, start, t, int64(m.Spec.MemoryMiB)<<20); err != nil {
 		return err
 	}
 	// Capabilities are global to the QEMU process and outlive this

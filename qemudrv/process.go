@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmfork/vmfork"
 )
 
@@ -42,10 +44,30 @@ func spawn(bin string, args []string, logPath string, extra ...*os.File) (*proce
 	vmfork.Fault(vmfork.FaultQEMUSpawned, p.pid)
 	// Reap the process while this CLI lives; once the CLI exits, init does.
 	go func() {
+		awaitExit(p.pid)
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// awaitExit returns once process pid has exited, without reaping it. A wait
+// call pending in this process would also collect the ptrace stops of a
+// remap (sharedmem.Remap) of its QEMU, and the remap would then wait
+// forever; a pidfd only becomes readable on exit. Without pidfds (Linux <
+// 5.3) it returns at once and the caller's wait does the waiting.
+func awaitExit(pid int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	for {
+		_, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, -1)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
 }
 
 // kill kills the process and waits for it to be reaped.

@@ -2,7 +2,6 @@ package sharedmem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -100,6 +99,3 @@ func le64(b []byte) uint64 {
 	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
-
-// ErrInUse is returned by Exclusive when another process maps a file.
-var ErrInUse = errors.New("mapped by another process")

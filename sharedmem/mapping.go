@@ -3,6 +3,7 @@ package sharedmem
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -149,4 +150,78 @@ func mappers(dev, inode uint64, except int) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// FDOf returns the descriptor of process pid that refers to the file (dev,
+// inode): QEMU's own handle on its RAM file.
+func FDOf(pid int, dev, inode uint64) (int, error) {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return -1, fmt.Errorf("descriptors of pid %d: %w", pid, err)
+	}
+	for _, e := range ents {
+		var st unix.Stat_t
+		if unix.Stat(dir+"/"+e.Name(), &st) != nil || st.Ino != inode || st.Dev != dev {
+			continue
+		}
+		if fd, err := strconv.Atoi(e.Name()); err == nil {
+			return fd, nil
+		}
+	}
+	return -1, fmt.Errorf("pid %d holds no descriptor of its RAM file (inode %d)", pid, inode)
+}
+
+// Exclusive reports whether name is the only name of m's file and no process
+// but m's maps it: then no template and no child can see that file, and its
+// owner may write it.
+func Exclusive(m Mapping, name string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(name, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("stat %s: %w", name, err)
+	}
+	if st.Ino != m.Inode || st.Dev != m.Dev || st.Nlink != 1 {
+		return false, nil
+	}
+	others, err := mappers(m.Dev, m.Inode, m.PID)
+	if err != nil {
+		return false, err
+	}
+	return len(others) == 0, nil
+}
+
+// CopyMapped copies the file that m maps (its data extents; holes stay
+// holes) to a new file at path and returns it open read-write. The mapped
+// file must be frozen (a private mapping's file), so this runs while the
+// process does.
+func CopyMapped(ctx context.Context, m Mapping, path string) (f *os.File, copied int64, err error) {
+	in, err := m.File(os.O_RDONLY)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("copy RAM base: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			out.Close()
+			os.Remove(path)
+		}
+	}()
+	fi, err := in.Stat()
+	if err != nil {
+		return nil, 0, fmt.Errorf("copy RAM base: %w", err)
+	}
+	if err := out.Truncate(fi.Size()); err != nil {
+		return nil, 0, fmt.Errorf("copy RAM base: %w", err)
+	}
+	if copied, err = copyExtents(ctx, in, out, fi.Size()); err != nil {
+		return nil, 0, fmt.Errorf("copy RAM base: %w", err)
+	}
+	return out, copied, nil
 }
