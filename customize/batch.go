@@ -290,7 +290,11 @@ func runParts(ctx context.Context, steps []Step, env *Env) (int, error) {
 			res.Steps[idx].Status, res.Steps[idx].Detail = StatusSkipped, s.skip
 			continue
 		}
+		t0 := env.now()
 		parts, err := prepare(ctx, s, env)
+		// Host-side work (an RSA key, say) is part of the step's time.
+		prep := env.now().Sub(t0)
+		res.Steps[idx].DurationMS = ms(prep)
 		var skip *skipError
 		switch {
 		case errors.As(err, &skip):
@@ -310,7 +314,7 @@ func runParts(ctx context.Context, steps []Step, env *Env) (int, error) {
 			n++
 			return n, failed
 		}
-		sl := &slot{step: s, idx: idx, parts: len(parts)}
+		sl := &slot{step: s, idx: idx, parts: len(parts), elapsed: prep}
 		for k, p := range parts {
 			if p.LinkUp || (p.Input != nil && hasInput(items)) {
 				flush()

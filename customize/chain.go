@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmfork/vmfork/qmp"
@@ -301,7 +302,12 @@ func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
 		return res, err
 	}
 	start := env.now()
-	defer func() { res.ElapsedMS = ms(env.now().Sub(start)) }()
+	ca := &countingAgent{Agent: env.Agent}
+	env.Agent = ca
+	defer func() {
+		env.Agent = ca.Agent
+		res.ElapsedMS, res.GuestCommands = ms(env.now().Sub(start)), int(ca.n.Load())
+	}()
 	var failed error
 	for i := 0; i < len(c.steps); {
 		s := c.steps[i]
@@ -392,3 +398,14 @@ func (e *ExitError) Error() string {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// countingAgent counts the commands a chain runs in the guest.
+type countingAgent struct {
+	Agent
+	n atomic.Int32
+}
+
+func (c *countingAgent) Exec(ctx context.Context, req qmp.ExecRequest) (int, error) {
+	c.n.Add(1)
+	return c.Agent.Exec(ctx, req)
+}

@@ -255,6 +255,12 @@ if [ -z "$mgr" ]; then
 	if [ -n "$pids" ]; then
 		set -- $pids
 		cmd=$(tr '\0' ' ' <"$R/proc/$1/cmdline" 2>/dev/null || true)
+		set -- $cmd
+		case ${1-} in /*) p=$R$1 ;; *) p=$(command -v "${1-}" || true) ;; esac
+		if [ "$mode" = dhcp ] && [ "$custom" != 1 ] && { [ -z "$p" ] || [ ! -x "$p" ]; }; then
+			echo "the guest has no ${1:-$dhc} any more, the DHCP client ($dhc) that configured $nic: install it (isc-dhcp-client for dhclient), set network.dhcp_command, use --network static or none, or --skip-step vmfork.network" >&2
+			exit 101
+		fi
 	fi
 fi
 if [ "$mode" = static ] && [ "$mgr" = nm ]; then

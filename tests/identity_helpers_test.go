@@ -16,14 +16,18 @@ import (
 
 // identityJSON is a child's "identity" in the fork's JSON.
 type identityJSON struct {
-	Mode      string     `json:"mode"`
-	MAC       string     `json:"mac"`
-	Hostname  string     `json:"hostname"`
-	Addresses []string   `json:"addresses"`
-	MachineID string     `json:"machine_id"`
-	VMGenID   string     `json:"vmgenid"`
-	ElapsedMS float64    `json:"elapsed_ms"`
-	Steps     []stepJSON `json:"steps"`
+	Mode      string   `json:"mode"`
+	MAC       string   `json:"mac"`
+	Hostname  string   `json:"hostname"`
+	Addresses []string `json:"addresses"`
+	MachineID string   `json:"machine_id"`
+	VMGenID   string   `json:"vmgenid"`
+	ElapsedMS float64  `json:"elapsed_ms"`
+	// OverheadMS is the chain's time in no step: batched steps' durations
+	// are measured in the guest.
+	OverheadMS    float64    `json:"overhead_ms"`
+	GuestCommands int        `json:"guest_commands"`
+	Steps         []stepJSON `json:"steps"`
 }
 
 type stepJSON struct {

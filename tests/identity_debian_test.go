@@ -1,0 +1,202 @@
+//go:build integration
+
+package tests
+
+import (
+	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestIdentityDebian forks the stock Debian 12 guest, in each variant
+// (ifupdown + dhclient or systemd-networkd, with and without dbus), on a
+// bridge with a DHCP server of its own, into three children, and checks
+// that parent and children are pairwise distinct in machine-id, every SSH
+// host key, MAC, hostname, IPv4 address, DHCP lease and a urandom sample;
+// that each child has exactly one IPv4 address on its NIC; that systemd
+// says what it said in the parent before the fork, with no new failed
+// units; that ssh-keyscan from the host (in the bridge's namespace) gets
+// each child's new keys; and that each step names the mechanism the
+// variant calls for.
+func TestIdentityDebian(t *testing.T) {
+	d := debianGuest(t)
+	for _, v := range d.Variants {
+		t.Run(v.Name, func(t *testing.T) { identityDebianVariant(t, v) })
+	}
+}
+
+func identityDebianVariant(t *testing.T, v debianVariant) {
+	b := newBridgeNet(t)
+	e := newDebianEnv(t)
+	b.inNamespace(t, e.env)
+	src := e.bootDebian("deb", v, "--network", "bridge="+b.bridge)
+	state := e.settle("deb")
+	failedBefore := e.failedUnits("deb")
+	e.waitIPv4("deb", 2*time.Minute)
+	parent := debianFacts(t, e, "deb")
+	parent.lease = b.leaseOf(t, src.MAC)
+	if len(parent.ipv4) != 1 || parent.lease == "" || parent.ipv4[0] != parent.lease {
+		t.Fatalf("parent: IPv4 %v, lease %q: want its one lease on the bridge", parent.ipv4, parent.lease)
+	}
+	if len(parent.hostKeys) < 2 {
+		t.Fatalf("parent has host keys %v, want Debian's (rsa, ecdsa, ed25519)", parent.hostKeys)
+	}
+
+	res, r := e.forkID(0, "deb", "--count", "3", "--hostname", "deb-{n}")
+	if len(res.Children) != 3 {
+		t.Fatalf("fork: %+v (%s)", res, r)
+	}
+	seen := newDistinct(t)
+	seen.add("deb", parent)
+	for _, c := range res.Children {
+		id := c.Identity
+		var steps []string
+		for _, s := range id.Steps {
+			steps = append(steps, s.Name+"="+s.Status)
+			if s.Status != "ok" {
+				t.Errorf("%s: step %+v, want ok", c.Name, s)
+			}
+		}
+		t.Logf("%s: ready %.0f ms, chain %.0f ms (overhead %.0f ms): %s", c.Name, c.ReadyMS, id.ElapsedMS, id.OverheadMS, stepTimes(id))
+		// The mechanism each step names follows the variant.
+		wantHost, wantNet := "(/etc/hostname and the kernel's name", "dhclient (pid"
+		if v.DBus {
+			wantHost = "(hostnamectl"
+		}
+		if v.Network == "networkd" {
+			wantNet = "systemd-networkd restarted for a client id from the new machine-id"
+		}
+		if got := id.step("vmfork.hostname").Detail; !strings.Contains(got, wantHost) {
+			t.Errorf("%s: hostname step %q, want %s", c.Name, got, wantHost)
+		}
+		if got := id.step("vmfork.network").Detail; !strings.Contains(got, wantNet) || !strings.Contains(got, "gratuitous ARP") {
+			t.Errorf("%s: network step %q, want %s and a gratuitous ARP", c.Name, got, wantNet)
+		}
+		if got := id.step("vmfork.ssh-host-keys").Detail; !strings.Contains(got, "sshd reloaded") {
+			t.Errorf("%s: ssh step %q, want sshd reloaded", c.Name, got)
+		}
+
+		f := debianFacts(t, e, c.Name)
+		f.lease = b.leaseOf(t, f.mac)
+		if len(f.ipv4) != 1 || f.ipv4[0] != f.lease {
+			t.Errorf("%s: IPv4 on eth0 %v, lease %q: want exactly its own lease", c.Name, f.ipv4, f.lease)
+		}
+		if f.hostname != "deb-"+c.Name[len(c.Name)-1:] || f.machineID != id.MachineID || f.mac != id.MAC {
+			t.Errorf("%s: hostname %q, machine-id %q, MAC %q; reported %q %q %q", c.Name, f.hostname, f.machineID, f.mac, id.Hostname, id.MachineID, id.MAC)
+		}
+		if len(f.hostKeys) != len(parent.hostKeys) {
+			t.Errorf("%s: host keys %v, want the parent's types %v", c.Name, f.hostKeys, parent.hostKeys)
+		}
+		seen.add(c.Name, f)
+
+		if got := e.settle(c.Name); got != state {
+			t.Errorf("%s: systemctl is-system-running %q, the parent's was %q", c.Name, got, state)
+		}
+		for _, u := range e.failedUnits(c.Name) {
+			if !contains(failedBefore, u) {
+				t.Errorf("%s: unit %s failed after the fork (the parent had %v)", c.Name, u, failedBefore)
+			}
+		}
+		// What a client on the network gets: the child's new keys.
+		scanned := keyscan(t, b, f.lease)
+		if want := strings.Join(f.hostKeys, "\n"); scanned != want {
+			t.Errorf("%s: ssh-keyscan %s:\n%s\nwant its new keys:\n%s", c.Name, f.lease, scanned, want)
+		}
+	}
+}
+
+// machineFacts is what makes a machine itself.
+type machineFacts struct {
+	machineID, hostname, mac string
+	ipv4                     []string
+	hostKeys                 []string // "type base64", sorted
+	urandom                  string
+	lease                    string
+}
+
+func debianFacts(t *testing.T, e *debianEnv, name string) machineFacts {
+	t.Helper()
+	out := e.exec(name, "sh", "-c", `cat /etc/machine-id; hostname; cat /sys/class/net/eth0/address
+head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; echo
+ip -4 -o addr show dev eth0 | awk '{ print "ipv4", $4 }'
+for f in /etc/ssh/ssh_host_*_key.pub; do awk '{ print "key", $1, $2 }' "$f"; done`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 4 {
+		t.Fatalf("%s: facts %q", name, out)
+	}
+	f := machineFacts{machineID: lines[0], hostname: lines[1], mac: lines[2], urandom: lines[3]}
+	for _, l := range lines[4:] {
+		k, v, _ := strings.Cut(l, " ")
+		switch k {
+		case "ipv4":
+			f.ipv4 = append(f.ipv4, strings.SplitN(v, "/", 2)[0])
+		case "key":
+			f.hostKeys = append(f.hostKeys, v)
+		}
+	}
+	sort.Strings(f.hostKeys)
+	return f
+}
+
+// distinct checks that no two machines share a fact.
+type distinct struct {
+	t    *testing.T
+	seen map[string]string // kind + value → machine
+}
+
+func newDistinct(t *testing.T) *distinct { return &distinct{t: t, seen: map[string]string{}} }
+
+func (d *distinct) add(name string, f machineFacts) {
+	d.t.Helper()
+	vals := map[string][]string{
+		"machine-id": {f.machineID}, "hostname": {f.hostname}, "MAC": {f.mac}, "urandom sample": {f.urandom},
+		"IPv4 address": f.ipv4, "DHCP lease": {f.lease}, "SSH host key": f.hostKeys,
+	}
+	for kind, vs := range vals {
+		for _, v := range vs {
+			if v == "" {
+				d.t.Errorf("%s has no %s", name, kind)
+				continue
+			}
+			if other, dup := d.seen[kind+"\x00"+v]; dup {
+				d.t.Errorf("%s has %s's %s %s", name, other, kind, v)
+			}
+			d.seen[kind+"\x00"+v] = name
+		}
+	}
+}
+
+// keyscan returns the host keys sshd at addr serves ("type base64", sorted),
+// asked from inside b's namespace, retrying while sshd re-executes itself.
+func keyscan(t *testing.T, b *bridgeNet, addr string) string {
+	t.Helper()
+	var out []byte
+	for try := 0; try < 10; try++ {
+		var err error
+		out, err = exec.Command("ip", "netns", "exec", b.ns, "ssh-keyscan", "-T", "10", "-t", "rsa,ecdsa,ed25519", addr).Output()
+		if err == nil && len(out) > 0 {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	var keys []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && !strings.HasPrefix(l, "#") {
+			keys = append(keys, f[1]+" "+f[2])
+		}
+	}
+	sort.Strings(keys)
+	return strings.Join(keys, "\n")
+}
+
+func stepTimes(id *identityJSON) string {
+	var b []string
+	for _, s := range id.Steps {
+		b = append(b, fmt.Sprintf("%s %.0f", strings.TrimPrefix(s.Name, "vmfork."), s.DurationMS))
+	}
+	return strings.Join(b, ", ")
+}
+
