@@ -275,6 +275,10 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		os.Remove(t.Paths.RAM)
 		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.mode, err)
 	}
+	if err := d.inject(injectAfterRAM); err != nil {
+		os.Remove(t.Paths.RAM)
+		return fr, err
+	}
 	if fr.Pause, err = w.Resume(ctx); err != nil {
 		return fr, err
 	}
@@ -300,6 +304,7 @@ func (d *Driver) checkFreeze(src *vmfork.Machine) error {
 const (
 	injectAfterStop = "after-stop"
 	injectBeforeRAM = "before-ram"
+	injectAfterRAM  = "after-ram" // the source is remapped, cont not sent
 )
 
 // errInjected is the failure a test asked for.

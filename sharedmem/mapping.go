@@ -113,7 +113,11 @@ func parseMaps(pid int, data []byte) ([]Mapping, error) {
 }
 
 // mappers returns the pids, other than except, of the processes that map the
-// file (dev, inode). Processes it cannot read are counted as mappers.
+// file (dev, inode). It is a second line of defence: a RAM file with no name
+// but its owner's can no longer be opened, and vmfork frees a template's
+// name only when no machine of its own maps it; the scan catches a process
+// left over by a crash. Processes whose maps even root may not read (a
+// sandbox's own init) cannot have opened a vmfork RAM file and are skipped.
 func mappers(dev, inode uint64, except int) ([]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -126,8 +130,8 @@ func mappers(dev, inode uint64, except int) ([]int, error) {
 			continue
 		}
 		data, err := os.ReadFile("/proc/" + e.Name() + "/maps")
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
-			continue // exited meanwhile
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrPermission) {
+			continue // exited meanwhile, or not ours to read
 		}
 		if err != nil {
 			out = append(out, pid)
