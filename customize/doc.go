@@ -25,25 +25,39 @@
 // The default chain, in order:
 //
 //	vmfork.agent          wait until the guest agent answers
-//	vmfork.clock          step the guest clock to host time
+//	vmfork.clock          move the guest clock to host time (date -s by the offset, or guest-set-time)
 //	vmfork.rng            confirm that the kernel reseeded its CRNG from the new vmgenid
-//	vmfork.hostname       set the hostname from a pattern (web-{n})
-//	vmfork.machine-id     write a new /etc/machine-id
-//	vmfork.ssh-host-keys  regenerate SSH host keys (skipped without ssh-keygen)
-//	vmfork.network        new MAC inside the guest, then DHCP or a static address
+//	vmfork.hostname       set the hostname from a pattern (web-{n}): hostnamectl, or the files
+//	vmfork.machine-id     write a new /etc/machine-id (and a D-Bus copy); restart journald
+//	vmfork.ssh-host-keys  new SSH host keys of the guest's kinds, made on the host; sshd reloaded
+//	vmfork.network        stop the inherited DHCP client without a release, flush, new MAC,
+//	                      a fresh lease by what configured the NIC (or a static address),
+//	                      exactly one IPv4 address, a gratuitous ARP
 //	vmfork.hooks          run /etc/vmfork/post-fork.d/* in name order
 //
 // The order matters. Everything another machine could see of the child
 // (hostname, machine-id, host keys) changes before the network step, and the
-// network step changes the MAC before any packet leaves. The caller keeps the
-// NIC link down until the chain has finished; only DHCP needs the link
-// earlier, so the network step raises it itself, once the MAC is new.
+// network step changes the MAC before any packet leaves. systemd-networkd
+// derives its DHCP client identifier from the machine-id, so machine-id
+// comes before network, which restarts networkd. The caller keeps the NIC
+// link down until the chain has finished; only DHCP needs the link earlier,
+// so the network step raises it itself, once the MAC is new.
+//
+// Every step picks its mechanism from what the guest has, and its detail
+// names the one it used. A step that cannot do its job fails with one line
+// that names what the guest lacks and what to do (install it, or
+// --skip-step NAME), not with a tool's raw output alone.
 //
 // Steps reach the guest only through the Agent interface (a subset of
 // qmp.Agent) and the host-side Link; they know nothing of vmfork's machines.
-// A step that runs a shell script in the guest uses /bin/sh and the usual
-// tools (ip, hostname, dmesg, grep); a script exits 100 to say "nothing to do
-// here", with the reason on stdout.
+// Steps that work in the guest give their shell code to Run as Parts, and
+// Run joins consecutive ones into one guest command (batch.go): a chain
+// runs two commands in the guest in DHCP mode (one with the link down, one
+// with it up), not one per step, because every command costs a round trip
+// and a process start, tens of milliseconds each in a fresh fork child
+// under TCG. The scripts use /bin/sh, shell builtins where they can, and the
+// usual tools (ip, dmesg); a part exits 100 to say "nothing to do here",
+// with the reason on stdout.
 //
 // # Identity modes
 //

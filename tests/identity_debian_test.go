@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork/tests/bench"
 )
 
 // TestIdentityDebian forks the stock Debian 12 guest, in each variant
@@ -200,3 +202,72 @@ func stepTimes(id *identityJSON) string {
 	return strings.Join(b, ", ")
 }
 
+// BenchmarkIdentityChain measures the identity chain, per step, on the
+// busybox test guest and on the stock Debian guest (ifupdown-nodbus, QEMU's
+// user network, DHCP), one child per round, in the same run: the Debian
+// chain's time is reported as a ratio to the busybox chain's (target ≤ 2×).
+//
+//	go test -tags integration -run '^$' -bench BenchmarkIdentityChain -benchtime 8x ./tests/
+//
+// Step durations of batched steps are measured in the guest; "overhead" is
+// the chain's time in no step (agent round trips, process starts).
+func BenchmarkIdentityChain(b *testing.B) {
+	type guestRun struct {
+		name  string
+		steps map[string][]float64
+		chain []float64
+		ready []float64
+		over  []float64
+		cmds  []float64
+	}
+	measure := func(e *env, src string, gr *guestRun) {
+		gr.steps = map[string][]float64{}
+		for i := 0; i < b.N; i++ {
+			name := fmt.Sprintf("c%d", i)
+			res, _ := e.forkID(0, src, name)
+			c := res.Children[0]
+			for _, s := range c.Identity.Steps {
+				gr.steps[s.Name] = append(gr.steps[s.Name], s.DurationMS)
+			}
+			gr.chain = append(gr.chain, c.Identity.ElapsedMS)
+			gr.ready = append(gr.ready, c.ReadyMS)
+			gr.over = append(gr.over, c.Identity.OverheadMS)
+			gr.cmds = append(gr.cmds, float64(c.Identity.GuestCommands))
+			e.ok("rm", "--force", name)
+		}
+	}
+	bb := &guestRun{name: "busybox"}
+	deb := &guestRun{name: "debian"}
+	{
+		e := newEnv(b)
+		e.boot("src")
+		e.exec("src", "head", "-c", "16", "/dev/urandom")
+		measure(e, "src", bb)
+	}
+	{
+		d := newDebianEnv(b)
+		d.bootDebian("deb", d.deb.variant(b, "ifupdown-nodbus"))
+		d.settle("deb")
+		d.waitIPv4("deb", 2*time.Minute)
+		measure(d.env, "deb", deb)
+	}
+	med := bench.Median
+	fmt.Printf("\nidentity chain, %d one-child forks per guest (medians, ms)\n", b.N)
+	fmt.Printf("%-24s %10s %10s\n", "step", "busybox", "debian")
+	var names []string
+	for n := range deb.steps {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Printf("%-24s %10.1f %10.1f\n", n, med(bb.steps[n]), med(deb.steps[n]))
+	}
+	fmt.Printf("%-24s %10.1f %10.1f\n", "overhead (no step)", med(bb.over), med(deb.over))
+	fmt.Printf("%-24s %10.0f %10.0f\n", "guest commands", med(bb.cmds), med(deb.cmds))
+	fmt.Printf("%-24s %10.1f %10.1f\n", "chain", med(bb.chain), med(deb.chain))
+	fmt.Printf("%-24s %10.1f %10.1f\n", "child ready", med(bb.ready), med(deb.ready))
+	fmt.Printf("debian chain / busybox chain: %.2fx\n", med(deb.chain)/med(bb.chain))
+	b.ReportMetric(med(bb.chain), "busybox-chain-ms")
+	b.ReportMetric(med(deb.chain), "debian-chain-ms")
+	b.ReportMetric(med(deb.chain)/med(bb.chain), "debian/busybox")
+}
