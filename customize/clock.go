@@ -3,26 +3,23 @@ package customize
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/vmfork/vmfork/qmp"
 )
 
 // The clock step. A child's clock goes on from its template's freeze, so
 // it lags by the template's age.
 //
 // Why a child could stay 1.9 s off after its clock was set (libvirt, slow
-// starts): guest-set-time takes an absolute time, which the guest applies
-// when the request reaches it. vmfork computed it from a first read
-// (host time plus half that round trip), so every delay between the
-// computation and the guest's settimeofday went straight into the guest's
-// clock: libvirt's agent calls (virDomainQemuAgentCommand) send a
-// guest-sync and wait for its answer before each command, and an agent that
-// a slow start keeps busy answers late. qemu-ga 7.2 then runs
-// /sbin/hwclock -w, and util-linux's hwclock waits for the RTC's next
-// second boundary (up to 1 s, the 579 ms observed on Debian), during which
-// the call does not return.
+// starts): the step sent guest-set-time an absolute time, host time plus
+// half the round trip of its first read. That first read is the slowest of
+// all on a slow start: libvirt's agent calls (virDomainQemuAgentCommand)
+// first sync with the agent (guest-sync, which waits for the agent to
+// answer), and an agent a slow start keeps busy answers late. A first read
+// that took 3.8 s made the step set the guest 1.9 s ahead, while the set
+// itself arrived at once; the check then found the guest 1.9 s ahead. Also,
+// qemu-ga 7.2 runs /sbin/hwclock -w after setting the time, and util-linux's
+// hwclock waits for the RTC's next second boundary (up to 1 s, the 579 ms
+// observed on Debian), during which the call does not return.
 //
 // So the step moves the guest's clock by the offset it measured, relative to
 // the guest's own clock when the command runs (date -s "+N seconds", GNU
@@ -94,7 +91,9 @@ func stepClock(ctx context.Context, env *Env) error {
 			}
 			how = "date -s"
 		} else {
-			t := env.now().Add(-0) // sent at once: the guest sets it on arrival
+			// The guest sets what it is sent when it arrives, a few
+			// milliseconds later; the check below measures what is left.
+			t := env.now()
 			if err = env.Agent.SetTime(ctx, &t); err != nil {
 				return fmt.Errorf("set guest clock: %w", err)
 			}
@@ -134,6 +133,3 @@ func plural(n int, word string) string {
 	}
 	return word + "s"
 }
-
-var _ = strings.TrimSpace
-var _ qmp.ExecStatus
