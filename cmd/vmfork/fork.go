@@ -91,6 +91,12 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		if cliCtx.IsSet("count") && req.Count < 1 {
 			return usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
 		}
+		if req.Parallel < 1 {
+			return usageError{fmt.Errorf("--parallel %d: want at least 1", req.Parallel)}
+		}
+		if req.MaxChildren < 1 {
+			return usageError{fmt.Errorf("--max-children %d: want at least 1", req.MaxChildren)}
+		}
 		if req.Count == 0 && len(req.Names) == 0 {
 			req.Count = 1
 		}
