@@ -33,6 +33,7 @@ import (
 const (
 	clockTolerance = 50 * time.Millisecond
 	clockSamples   = 3
+	clockAttempts  = 4
 	// quickRoundTrip is a read whose round trip is short enough not to
 	// bother taking more samples.
 	quickRoundTrip = 20 * time.Millisecond
@@ -47,12 +48,19 @@ func ClockStep() Step {
 // clockOffset returns how far the guest's clock is ahead of the host's,
 // from the sample with the shortest round trip.
 func clockOffset(ctx context.Context, env *Env) (time.Duration, error) {
+	off, _, err := clockSample(ctx, env)
+	return off, err
+}
+
+// clockSample returns the offset and the round trip of the read it comes
+// from: the offset is known to within half of that.
+func clockSample(ctx context.Context, env *Env) (time.Duration, time.Duration, error) {
 	var best, rtt time.Duration
 	for i := range clockSamples {
 		t0 := env.now()
 		g, err := env.Agent.GetTime(ctx)
 		if err != nil {
-			return 0, fmt.Errorf("read guest clock: %w", err)
+			return 0, 0, fmt.Errorf("read guest clock: %w", err)
 		}
 		t1 := env.now()
 		d := t1.Sub(t0)
@@ -63,7 +71,7 @@ func clockOffset(ctx context.Context, env *Env) (time.Duration, error) {
 			break
 		}
 	}
-	return best, nil
+	return best, rtt, nil
 }
 
 func stepClock(ctx context.Context, env *Env) error {
@@ -82,7 +90,7 @@ func stepClock(ctx context.Context, env *Env) error {
 		useDate = false
 	}
 	off, how := first, ""
-	for attempt := 1; ; attempt++ {
+	for attempt := 1; attempt <= clockAttempts; attempt++ {
 		var err error
 		if useDate {
 			if err = dateStep(ctx, env.Agent, off); err != nil {
@@ -99,14 +107,17 @@ func stepClock(ctx context.Context, env *Env) error {
 			}
 			how = "guest-set-time"
 		}
-		if off, err = clockOffset(ctx, env); err != nil {
+		var rtt time.Duration
+		if off, rtt, err = clockSample(ctx, env); err != nil {
 			return err
 		}
-		if off.Abs() <= clockTolerance {
+		// A busy guest answers slowly, and no reading is better than half
+		// its round trip: setting again could not do better.
+		if off.Abs() <= clockTolerance+rtt/2 {
 			env.Detailf("stepped %+.3fs by %s, now %+dms from host (%d %s)", -first.Seconds(), how, off.Milliseconds(), attempt, plural(attempt, "attempt"))
 			return nil
 		}
-		if ctx.Err() != nil || attempt >= 20 {
+		if ctx.Err() != nil {
 			break
 		}
 	}

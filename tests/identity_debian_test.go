@@ -58,7 +58,8 @@ func identityDebianVariant(t *testing.T, v debianVariant) {
 		var steps []string
 		for _, s := range id.Steps {
 			steps = append(steps, s.Name+"="+s.Status)
-			if s.Status != "ok" {
+			// The stock guest has no post-fork hooks.
+			if s.Status != "ok" && !(s.Name == "vmfork.hooks" && s.Status == "skipped") {
 				t.Errorf("%s: step %+v, want ok", c.Name, s)
 			}
 		}
