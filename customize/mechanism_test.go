@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -222,8 +223,12 @@ func TestMachineIDMechanisms(t *testing.T) {
 		if len(id) != 32 || g.read("/etc/machine-id") != id+"\n" || g.read("/var/lib/dbus/machine-id") != id+"\n" {
 			t.Errorf("machine-id %q, files %q %q", id, g.read("/etc/machine-id"), g.read("/var/lib/dbus/machine-id"))
 		}
-		if d := res.Steps[0].Detail; !strings.Contains(d, "/var/lib/dbus/machine-id (a copy)") || !strings.Contains(d, "systemd-journald restarted") {
+		if d := res.Steps[0].Detail; !strings.Contains(d, "/var/lib/dbus/machine-id (a copy)") || !strings.Contains(d, "systemd-journald restarting") {
 			t.Errorf("detail %q", d)
+		}
+		// The restart runs in the background: wait (bounded) for its call.
+		for i := 0; i < 100 && !strings.Contains(g.calls(), "systemctl --no-block restart systemd-journald.service"); i++ {
+			time.Sleep(20 * time.Millisecond)
 		}
 		if !strings.Contains(g.calls(), "systemctl --no-block restart systemd-journald.service") {
 			t.Errorf("journald not restarted:\n%s", g.calls())
@@ -331,7 +336,8 @@ func TestNetworkSystemdNetworkd(t *testing.T) {
 			t.Fatalf("%v\ncalls:\n%s", err, g.calls())
 		}
 		calls := g.calls()
-		if !before(calls, "systemctl --no-block restart systemd-networkd.service", "LINK up") {
+		if !before(calls, "systemctl stop systemd-networkd.service", "systemctl --no-block start systemd-networkd.service") ||
+			!before(calls, "systemctl --no-block start systemd-networkd.service", "LINK up") {
 			t.Errorf("networkd not restarted (for the new machine-id's client id) before the link went up:\n%s", calls)
 		}
 		if d := res.Steps[0].Detail; !strings.Contains(d, "systemd-networkd restarted for a client id from the new machine-id") || !strings.Contains(d, "systemd-networkd lease") {

@@ -329,9 +329,11 @@ dhcp)
 	if [ "$mgr" = networkd ]; then
 		# networkd's DHCP client identifier comes from /etc/machine-id,
 		# which it reads when it starts: a restart after vmfork.machine-id
-		# gives the child its own. --no-block: the lease is waited for in
-		# the second part.
-		systemctl --no-block restart systemd-networkd.service </dev/null >/dev/null
+		# gives the child its own. The old one is stopped before the link
+		# goes up, or it would ask with the parent's id; the new one is
+		# waited for in the second part, with its lease.
+		systemctl stop systemd-networkd.service </dev/null >/dev/null
+		systemctl --no-block start systemd-networkd.service </dev/null >/dev/null
 		how="${how:+$how; }systemd-networkd restarted for a client id from the new machine-id"
 	fi
 	;;

@@ -327,8 +327,9 @@ if [ -f $R/var/lib/dbus/machine-id ] && [ ! -L $R/var/lib/dbus/machine-id ]; the
 	printf '%s\n' "$1" >$R/var/lib/dbus/machine-id && how="$how, $R/var/lib/dbus/machine-id (a copy)"
 fi
 if [ -d $R/run/systemd/system ] && [ -e $R/run/systemd/journal/socket ]; then
-	if systemctl --no-block restart systemd-journald.service >/dev/null 2>&1 </dev/null; then
-		how="$how; systemd-journald restarted"
-	fi
+	# In the background: PID 1 of a fresh child under TCG can take seconds
+	# to take the job, and nothing after this step needs journald.
+	systemctl --no-block restart systemd-journald.service >/dev/null 2>&1 </dev/null 3<&- &
+	how="$how; systemd-journald restarting"
 fi
 printf '%s\n' "$how"`
