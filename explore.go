@@ -189,10 +189,28 @@ func (s *Store) listExplores() ([]*exploreRecord, error) {
 	return rs, nil
 }
 
+// reapingExplores marks a context in which explores are being reaped.
+type reapingExplores struct{}
+
+// reapDeadExplores removes the branches of explores whose process is gone;
+// Recover calls it, so the next vmfork command does what the reaper would.
+func (mg *Manager) reapDeadExplores(ctx context.Context) {
+	var res ReapResult
+	mg.reapExplores(ctx, &res, func(name string, err error) {
+		mg.Log.WithField("machine", name).WithError(err).Warn("could not remove a branch of an explore that died")
+	}, true)
+}
+
 // reapExplores removes the branches of explores whose process is gone.
-func (mg *Manager) reapExplores(ctx context.Context, res *ReapResult, fail func(string, error)) {
+// Unless repaired is set (the caller is Recover), it first repairs a fork
+// such an explore may have died in.
+func (mg *Manager) reapExplores(ctx context.Context, res *ReapResult, fail func(string, error), repaired bool) {
+	// Remove repairs through Recover, which reaps explores: once is enough.
+	if ctx.Value(reapingExplores{}) != nil {
+		return
+	}
+	ctx = context.WithValue(ctx, reapingExplores{}, true)
 	rs, _ := mg.Store.listExplores()
-	repaired := false
 	for _, r := range rs {
 		if r.alive() {
 			res.wait(time.Time{})

@@ -245,3 +245,28 @@ func TestProcStartNamesThisProcess(t *testing.T) {
 		t.Errorf("procStart of no process: no error")
 	}
 }
+
+// The next command's repair (any command that calls Recover) removes the
+// branches of an explore that died, as the reaper would.
+func TestNextCommandRemovesBranchesOfADeadExplore(t *testing.T) {
+	mg, _ := newTestManager(t)
+	bootFake(t, mg, "b-1")
+	bootFake(t, mg, "keep")
+	rec, err := mg.Store.newExplore("src", []string{"b-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.PID = 1 << 30
+	if err := rec.save(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.List(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := machineNames(t, mg.Store); got != "keep" {
+		t.Errorf("machines after the next command = %s, want keep", got)
+	}
+	if n := exploreRecords(t, mg); n != 0 {
+		t.Errorf("%d explore records left", n)
+	}
+}

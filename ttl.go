@@ -235,7 +235,7 @@ func (mg *Manager) Reap(ctx context.Context, now time.Time) (ReapResult, error) 
 		mg.Log.WithField("template", t.Name).Info("kept template expired: name given up")
 		res.Released = append(res.Released, t.Name)
 	}
-	mg.reapExplores(ctx, &res, fail)
+	mg.reapExplores(ctx, &res, fail, false)
 	return res, joinLine(errs...)
 }
 
