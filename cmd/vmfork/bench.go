@@ -190,8 +190,24 @@ fast as guest RAM, 0 not at all.
 		&cli.StringFlag{Name: "child-memory", Usage: "guest RAM of the children sweep", Value: "256M"},
 		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "children started at once", Value: 4},
 		&cli.IntFlag{Name: "rounds", Usage: "fork calls per point", Value: 3},
+		&cli.StringFlag{Name: "guest-use", Usage: "non-zero data written into each source of the RAM sweep: one value (75%, 1536M) or one per --memory size", Value: "0"},
+		&cli.IntFlag{Name: "depth", Usage: "add the depth sweep: fork a child of a child ... this many levels deep"},
+		&cli.StringFlag{Name: "depth-use", Usage: "non-zero data in the depth sweep's source", Value: "50%"},
+		&cli.BoolFlag{Name: "no-children-sweep", Usage: "skip the children-per-call sweep"},
 	}, benchCommonFlags...),
 	Action: func(cliCtx *cli.Context) error {
+		var uses []bench.GuestUse
+		for _, f := range strings.Split(cliCtx.String("guest-use"), ",") {
+			u, err := bench.ParseGuestUse(f)
+			if err != nil {
+				return usageError{fmt.Errorf("--guest-use: %w", err)}
+			}
+			uses = append(uses, u)
+		}
+		depthUse, err := bench.ParseGuestUse(cliCtx.String("depth-use"))
+		if err != nil {
+			return usageError{fmt.Errorf("--depth-use: %w", err)}
+		}
 		mems, err := parseMemories(cliCtx.String("memory"))
 		if err != nil {
 			return err
@@ -205,9 +221,13 @@ fast as guest RAM, 0 not at all.
 			return usageError{fmt.Errorf("--child-memory: %w", err)}
 		}
 		opt := bench.ScaleOptions{MemoryMiB: mems, Children: kids, ChildMemoryMiB: cm,
-			Parallel: cliCtx.Int("parallel"), Rounds: cliCtx.Int("rounds")}
-		if opt.Rounds < 1 || opt.Parallel < 1 {
-			return usageError{errors.New("--rounds and --parallel must be at least 1")}
+			Parallel: cliCtx.Int("parallel"), Rounds: cliCtx.Int("rounds"),
+			GuestUse: uses, Depth: cliCtx.Int("depth"), DepthUse: depthUse, NoChildrenSweep: cliCtx.Bool("no-children-sweep")}
+		if opt.Rounds < 1 || opt.Parallel < 1 || opt.Depth < 0 {
+			return usageError{errors.New("--rounds and --parallel must be at least 1, --depth at least 0")}
+		}
+		if len(uses) > 1 && len(uses) != len(mems) {
+			return usageError{fmt.Errorf("--guest-use has %d values for %d --memory sizes", len(uses), len(mems))}
 		}
 		return runBench(cliCtx, "", func(ctx context.Context, e *bench.Env) (benchResult, error) {
 			return bench.Scale(ctx, e, opt)

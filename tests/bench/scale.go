@@ -17,11 +17,38 @@ type ScaleOptions struct {
 	ChildMemoryMiB int   // guest RAM of the children sweep; default 256
 	Parallel       int   // default 4
 	Rounds         int   // forks per point; default 3
+	// GuestUse fills each source of the RAM sweep with non-zero data before
+	// its rounds: one value for every size, or one per MemoryMiB entry. The
+	// pause must not grow with what the guest uses (docs/BENCHMARKS.md,
+	// "Flat pause").
+	GuestUse []GuestUse
+	// Depth, when positive, adds the depth sweep: a source of
+	// ChildMemoryMiB filled by DepthUse is forked, then its child, then
+	// that child's child, down to Depth levels, Rounds forks per level.
+	Depth    int
+	DepthUse GuestUse
+	// NoChildrenSweep skips the children-per-call sweep.
+	NoChildrenSweep bool
+}
+
+// useFor is the fill of the i-th source of the RAM sweep.
+func (opt ScaleOptions) useFor(i, mem int) (int, error) {
+	switch {
+	case len(opt.GuestUse) == 0:
+		return 0, nil
+	case len(opt.GuestUse) == 1:
+		return opt.GuestUse[0].MiBFor(mem)
+	case i < len(opt.GuestUse):
+		return opt.GuestUse[i].MiBFor(mem)
+	}
+	return 0, fmt.Errorf("%d guest-use values for %d RAM sizes: %w", len(opt.GuestUse), len(opt.MemoryMiB), vmfork.ErrInvalid)
 }
 
 // ScalePoint is one point of a sweep: medians over its rounds.
 type ScalePoint struct {
 	MemoryMiB int     `json:"memory_mib"`
+	UsedMiB   int     `json:"guest_used_mib"`  // non-zero data written into the source
+	Depth     int     `json:"depth,omitempty"` // depth sweep: 1 forks the booted source
 	Children  int     `json:"children"`
 	Rounds    int     `json:"rounds"`
 	PauseMS   float64 `json:"source_pause_ms"`
@@ -44,6 +71,7 @@ type ScaleResult struct {
 	ChildMemoryMiB int          `json:"children_sweep_memory_mib"`
 	ByMemory       []ScalePoint `json:"by_memory"`
 	ByChildren     []ScalePoint `json:"by_children"`
+	ByDepth        []ScalePoint `json:"by_depth,omitempty"`
 	// Growth holds exponents k in time ∝ size^k between the first and the
 	// last point of a sweep: 1 grows as fast as guest RAM, 0 not at all.
 	Growth []Ratio `json:"growth"`
@@ -67,33 +95,122 @@ func Scale(ctx context.Context, e *Env, opt ScaleOptions) (*ScaleResult, error) 
 		opt.Rounds = 3
 	}
 	res := &ScaleResult{Rounds: opt.Rounds, Parallel: opt.Parallel, ChildMemoryMiB: opt.ChildMemoryMiB}
-	e.begin(len(opt.MemoryMiB)*(1+opt.Rounds) + 1 + len(opt.Children)*opt.Rounds)
-	for _, mem := range opt.MemoryMiB {
-		p, err := e.scalePoint(ctx, fmt.Sprintf("ram%d", mem), mem, []int{1}, opt)
+	kids := len(opt.Children)
+	if opt.NoChildrenSweep {
+		kids = 0
+	}
+	e.begin(len(opt.MemoryMiB)*(1+opt.Rounds) + min(kids, 1) + kids*opt.Rounds + opt.Depth*opt.Rounds)
+	for i, mem := range opt.MemoryMiB {
+		used, err := opt.useFor(i, mem)
+		if err != nil {
+			return res, fmt.Errorf("scale: %w", err)
+		}
+		p, err := e.scalePoint(ctx, fmt.Sprintf("ram%d", mem), mem, used, []int{1}, opt)
 		res.Host = e.host
 		res.ByMemory = append(res.ByMemory, p...)
 		if err != nil {
 			return res, fmt.Errorf("scale: %d MiB: %w", mem, err)
 		}
 	}
-	p, err := e.scalePoint(ctx, "kids", opt.ChildMemoryMiB, opt.Children, opt)
-	res.ByChildren = p
-	res.Growth = growth(res)
-	if err != nil {
-		return res, fmt.Errorf("scale: children per call: %w", err)
+	if kids > 0 {
+		p, err := e.scalePoint(ctx, "kids", opt.ChildMemoryMiB, 0, opt.Children, opt)
+		res.ByChildren = p
+		if err != nil {
+			res.Growth = growth(res)
+			return res, fmt.Errorf("scale: children per call: %w", err)
+		}
 	}
+	if opt.Depth > 0 {
+		p, err := e.scaleDepth(ctx, opt)
+		res.ByDepth = p
+		if err != nil {
+			res.Growth = growth(res)
+			return res, fmt.Errorf("scale: depth: %w", err)
+		}
+	}
+	res.Growth = growth(res)
 	return res, nil
+}
+
+// fillSource fills machine name with used MiB of non-zero data.
+func (e *Env) fillSource(ctx context.Context, name string, used int) error {
+	if used <= 0 {
+		return nil
+	}
+	e.announce("scale: filling %s with %s of non-zero data", name, memLabel(used))
+	_, err := fillGuest(ctx, managerRunner(e.mgr, name), MethodVmfork, name, used)
+	return err
+}
+
+// scaleDepth forks a chain: the booted source, then the child made by the
+// previous level's last round, opt.Depth levels deep. Each level's machine
+// writes a little memory before it is forked, as an agent's step would.
+func (e *Env) scaleDepth(ctx context.Context, opt ScaleOptions) (pts []ScalePoint, err error) {
+	mem := opt.ChildMemoryMiB
+	used, err := opt.DepthUse.MiBFor(mem)
+	if err != nil {
+		return nil, err
+	}
+	e.announce("scale: booting a %s source for the depth sweep", memLabel(mem))
+	cur := "depth0"
+	if _, _, err := e.boot(ctx, cur, mem); err != nil {
+		return nil, err
+	}
+	chain := []string{cur}
+	defer func() {
+		for i := len(chain) - 1; i >= 0; i-- {
+			err = errors.Join(err, e.remove(context.WithoutCancel(ctx), chain[i]))
+		}
+	}()
+	if err := e.fillSource(ctx, cur, used); err != nil {
+		return nil, err
+	}
+	for d := 1; d <= opt.Depth; d++ {
+		var pause, run, ready []float64
+		next := ""
+		for r := range opt.Rounds {
+			name := fmt.Sprintf("depth%d-%d", d, r+1)
+			e.announce("scale: depth %d, round %d/%d", d, r+1, opt.Rounds)
+			fr, ferr := e.mgr.Fork(ctx, vmfork.ForkRequest{Source: cur, Names: []string{name}})
+			if ferr != nil {
+				if fr != nil && len(fr.Children) > 0 {
+					err = e.remove(context.WithoutCancel(ctx), name)
+				}
+				return pts, errors.Join(ferr, err)
+			}
+			pause = append(pause, fr.PauseMS)
+			run, ready = append(run, fr.Children[0].RunningMS), append(ready, fr.Children[0].ReadyMS)
+			if r == opt.Rounds-1 {
+				next = name
+				chain = append(chain, name)
+			} else if err := e.remove(context.WithoutCancel(ctx), name); err != nil {
+				return pts, err
+			}
+			e.step("scale: depth %d round %d: pause %.0f ms", d, r+1, fr.PauseMS)
+		}
+		pts = append(pts, ScalePoint{MemoryMiB: mem, UsedMiB: used, Depth: d, Children: 1, Rounds: opt.Rounds,
+			PauseMS: Median(pause), RunningMS: Median(run), ReadyMS: Median(ready), LastMS: Median(ready)})
+		cur = next
+		if _, err := e.mgr.Exec(ctx, cur, vmfork.ExecRequest{Argv: []string{"/bin/sh", "-c",
+			"head -c 4194304 /dev/urandom > /run/depth-step"}}); err != nil {
+			return pts, fmt.Errorf("write in %s: %w", cur, err)
+		}
+	}
+	return pts, nil
 }
 
 // scalePoint boots one source of mem MiB and, for each child count, forks
 // that many children opt.Rounds times, removing them after each call.
-func (e *Env) scalePoint(ctx context.Context, src string, mem int, counts []int, opt ScaleOptions) (pts []ScalePoint, err error) {
+func (e *Env) scalePoint(ctx context.Context, src string, mem, used int, counts []int, opt ScaleOptions) (pts []ScalePoint, err error) {
 	e.announce("scale: booting a %s source", memLabel(mem))
 	_, bootD, err := e.boot(ctx, src, mem)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, e.remove(context.WithoutCancel(ctx), src)) }()
+	if err := e.fillSource(ctx, src, used); err != nil {
+		return nil, err
+	}
 	e.step("scale: %s source booted", memLabel(mem))
 	for _, n := range counts {
 		var pause, run, ready, last, wall, tplRAM []float64
@@ -120,7 +237,7 @@ func (e *Env) scalePoint(ctx context.Context, src string, mem int, counts []int,
 			e.step("scale: %s x%d round %d: pause %.0f ms", memLabel(mem), n, r+1, fr.PauseMS)
 		}
 		pts = append(pts, ScalePoint{
-			MemoryMiB: mem, Children: n, Rounds: opt.Rounds,
+			MemoryMiB: mem, UsedMiB: used, Children: n, Rounds: opt.Rounds,
 			PauseMS: Median(pause), RunningMS: Median(run), ReadyMS: Median(ready), LastMS: Median(last),
 			WallMS: Median(wall), TemplateRAMBytes: int64(Median(tplRAM)), SourceBootMS: ms(bootD),
 		})
@@ -141,6 +258,19 @@ func growth(res *ScaleResult) []Ratio {
 			atMost("child ready vs guest RAM (exponent)", GrowthExponent(x1, a.ReadyMS, x2, b.ReadyMS), 0.5),
 			info("frozen RAM vs guest RAM (exponent)", GrowthExponent(x1, float64(a.TemplateRAMBytes), x2, float64(b.TemplateRAMBytes))))
 	}
+	if n := len(res.ByMemory); n >= 2 && (res.ByMemory[0].UsedMiB > 0 || res.ByMemory[n-1].UsedMiB > 0) {
+		a, b := res.ByMemory[0], res.ByMemory[n-1]
+		out = append(out,
+			atMost(fmt.Sprintf("source pause, %s using %s ÷ %s using %s", memLabel(b.MemoryMiB), usedLabel(b.UsedMiB),
+				memLabel(a.MemoryMiB), usedLabel(a.UsedMiB)), b.PauseMS/a.PauseMS, 1.2),
+			atMost(fmt.Sprintf("child running, %s ÷ %s", memLabel(b.MemoryMiB), memLabel(a.MemoryMiB)), b.RunningMS/a.RunningMS, 1.25))
+	}
+	if n := len(res.ByDepth); n >= 2 {
+		a, b := res.ByDepth[0], res.ByDepth[n-1]
+		out = append(out,
+			atMost(fmt.Sprintf("source pause, depth %d ÷ depth 1", b.Depth), b.PauseMS/a.PauseMS, 1.2),
+			atMost(fmt.Sprintf("child running, depth %d ÷ depth 1", b.Depth), b.RunningMS/a.RunningMS, 1.2))
+	}
 	if n := len(res.ByChildren); n >= 2 {
 		a, b := res.ByChildren[0], res.ByChildren[n-1]
 		x1, x2 := float64(a.Children), float64(b.Children)
@@ -150,4 +280,12 @@ func growth(res *ScaleResult) []Ratio {
 			info("whole call vs children per call (exponent)", GrowthExponent(x1, a.WallMS, x2, b.WallMS)))
 	}
 	return out
+}
+
+// usedLabel is a fill for tables: "-" for none.
+func usedLabel(mib int) string {
+	if mib <= 0 {
+		return "-"
+	}
+	return memLabel(mib)
 }
