@@ -140,6 +140,10 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 		// forwards pointing at nobody, so such a child keeps its address.
 		spec.Network.Mode = customize.NetworkNone
 	}
+	if spec.Network.Mode == "" && len(spec.Network.Addresses) == 0 && c.Spec.Network.Effective().Kind == NetworkNone {
+		// A NIC with nothing behind it has no DHCP server to ask.
+		spec.Network.Mode = customize.NetworkNone
+	}
 	chain, err := spec.Chain()
 	if err != nil {
 		return nil, err
