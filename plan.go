@@ -215,30 +215,43 @@ func (mg *Manager) PlanUnkeep(ctx context.Context, name string) (*Plan, error) {
 }
 
 // PlanRemove checks an rm of names as Remove does and says what it would
-// do. Like rm, it checks every name and returns the errors joined.
-func (mg *Manager) PlanRemove(ctx context.Context, names []string) (*Plan, []error) {
+// do. Like rm it checks every name: errs[i] is names[i]'s error, or nil.
+func (mg *Manager) PlanRemove(ctx context.Context, names []string, force bool) (*Plan, []error) {
 	p := &Plan{Command: "rm", Machines: []string{}}
-	var errs []error
-	for _, name := range names {
+	errs := make([]error, len(names))
+	for i, name := range names {
 		if err := ValidateName(name); err != nil {
-			errs = append(errs, fmt.Errorf("rm: %w", err))
+			errs[i] = fmt.Errorf("rm: %w", err)
 			continue
 		}
 		m, err := mg.Get(ctx, name)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rm: %w", err))
+			errs[i] = fmt.Errorf("rm: %w", err)
 			continue
 		}
-		p.Changed = true
-		p.Machines = append(p.Machines, name)
 		switch {
 		case m.Adopted != nil:
+			// Disown only inspects; it says what keeps the machine.
+			a, ok := mg.Driver.(Adopter)
+			if !ok || m.Driver != mg.Driver.Name() {
+				errs[i] = fmt.Errorf("rm: forget %q: machine was adopted by driver %q, not %q: %w", name, m.Driver, mg.Driver.Name(), ErrInvalid)
+				continue
+			}
+			if err := a.Disown(ctx, m); err != nil {
+				errs[i] = fmt.Errorf("rm: forget %q: %w", name, err)
+				continue
+			}
 			p.add("forget adopted machine %q; it runs on, as its owner's", name)
+		case m.Driver != mg.Driver.Name() && !force:
+			errs[i] = fmt.Errorf("rm: stop %q: machine belongs to driver %q, not %q: %w (use --force to remove it anyway)", name, m.Driver, mg.Driver.Name(), ErrInvalid)
+			continue
 		case m.State == StateStopped:
 			p.add("delete stopped machine %q with its disk overlay, record and logs", name)
 		default:
 			p.add("kill machine %q (pid %d) and delete it with its disk overlay, record, sockets, logs and RAM file", name, m.PID)
 		}
+		p.Changed = true
+		p.Machines = append(p.Machines, name)
 	}
 	return p.done(), errs
 }

@@ -136,14 +136,17 @@ func TestPlanKeepBootRemoveUnkeep(t *testing.T) {
 	if p, err := mg.PlanBoot("db", Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}); err != nil || p.Machines[0] != "db" {
 		t.Errorf("PlanBoot(db) = %+v, %v", p, err)
 	}
-	p, errs := mg.PlanRemove(t.Context(), []string{"web", "nope"})
-	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "nope") || strings.Join(p.Machines, ",") != "web" {
-		t.Errorf("PlanRemove = %+v, %v; want web removed and an error for nope", p, errs)
+	p, errs := mg.PlanRemove(t.Context(), []string{"web", "nope"}, false)
+	if len(errs) != 2 || errs[0] != nil || errs[1] == nil || strings.Join(p.Machines, ",") != "web" {
+		t.Fatalf("PlanRemove = %+v, %v; want web removed and an error for nope", p, errs)
 	}
 	if _, err := mg.PlanUnkeep(t.Context(), "golden"); err == nil {
 		t.Error("PlanUnkeep of a template never kept succeeded, want an error")
 	}
 	if got := stateTree(t, mg.Store); got != before {
 		t.Errorf("plans changed the state dir:\n%s\nwant:\n%s", got, before)
+	}
+	if rerr := mg.Remove(t.Context(), "nope", false); rerr == nil || rerr.Error() != errs[1].Error() {
+		t.Errorf("PlanRemove's error %q, Remove's %v; want the same", errs[1], rerr)
 	}
 }

@@ -35,9 +35,16 @@ logs and RAM file. A template whose last child goes is removed as well. With
 			return err
 		}
 		if cliCtx.Bool("dry-run") {
-			p, errs := mg.PlanRemove(ctx, cliCtx.Args().Slice())
+			names := cliCtx.Args().Slice()
+			p, perrs := mg.PlanRemove(ctx, names, cliCtx.Bool("force"))
 			if err := printPlan(cliCtx, p); err != nil {
 				return err
+			}
+			var errs []error
+			for i, err := range perrs {
+				if err != nil {
+					errs = append(errs, keptHint(mg, names[i], err))
+				}
 			}
 			return joinErrors(errs)
 		}
@@ -50,10 +57,7 @@ logs and RAM file. A template whose last child goes is removed as well. With
 			m, _ := mg.Store.LoadMachine(name)
 			adopted := m != nil && m.Adopted != nil
 			if err := mg.Remove(ctx, name, cliCtx.Bool("force")); err != nil {
-				if t, terr := mg.Store.FindKept(name); errors.Is(err, vmfork.ErrNotFound) && terr == nil {
-					err = fmt.Errorf("%w; %s is a kept template (%s): vmfork template rm %s", err, name, t.ID, name)
-				}
-				errs = append(errs, err)
+				errs = append(errs, keptHint(mg, name, err))
 				continue
 			}
 			removed = append(removed, name)
@@ -77,6 +81,15 @@ logs and RAM file. A template whose last child goes is removed as well. With
 		}
 		return joinErrors(errs)
 	},
+}
+
+// keptHint points at template rm when name, not found as a machine, is a
+// kept template.
+func keptHint(mg *vmfork.Manager, name string, err error) error {
+	if t, terr := mg.Store.FindKept(name); errors.Is(err, vmfork.ErrNotFound) && terr == nil {
+		return fmt.Errorf("%w; %s is a kept template (%s): vmfork template rm %s", err, name, t.ID, name)
+	}
+	return err
 }
 
 // joinErrors joins errors into one whose message stays on one line and which
