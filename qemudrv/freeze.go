@@ -93,19 +93,25 @@ func qomShare(ctx context.Context, mon *qmp.Monitor) (bool, error) {
 
 // prepareRAM finds how src's RAM is mapped and prepares, before the pause,
 // everything the template's RAM file needs but the private pages.
-func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template) (p *ramPlan, err error) {
+func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, log *logrus.Entry) (p *ramPlan, err error) {
 	p = &ramPlan{fdset: -1, own: ownRAM(src)}
 	shared, err := qomShare(ctx, mon)
 	if err != nil || !shared {
 		return p, err
 	}
-	if !sharedmem.RemapSupported {
-		p.mode = ramCopy
-		return p, nil
-	}
 	size := int64(src.Spec.MemoryMiB) << 20
 	if p.m, err = sharedmem.FindRAM(src.PID, size, ramSuffix, 0); err != nil {
 		return nil, err
+	}
+	if terr := sharedmem.CanRemap(src.PID); terr != nil {
+		if !p.m.Shared {
+			// Remapped by a process that could trace it; this one cannot.
+			return nil, fmt.Errorf("machine %q: its RAM needs a remap: %w", src.Name, terr)
+		}
+		// A machine on its own file can still be frozen the old way.
+		log.WithError(terr).Warn("no RAM remap here: the freeze copies the RAM file while paused")
+		p.mode = ramCopy
+		return p, nil
 	}
 	if p.blockFD, err = sharedmem.FDOf(src.PID, p.m.Dev, p.m.Inode); err != nil {
 		return nil, err
@@ -239,7 +245,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
-	ram, err := prepareRAM(ctx, mon, src, t)
+	ram, err := prepareRAM(ctx, mon, src, t, log)
 	if err != nil {
 		return fr, fmt.Errorf("prepare RAM: %w", err)
 	}

@@ -54,6 +54,26 @@ func Remap(m Mapping, fd, blockFD int) error {
 	return <-errc
 }
 
+// CanRemap checks, while pid runs, that this process may trace it (root, or
+// a descendant under Yama's ptrace_scope 1): it stops pid's main thread once,
+// for well under a millisecond, and lets it go. A freeze asks before it
+// pauses anything.
+func CanRemap(pid int) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		t, err := seize(pid)
+		if err == nil {
+			err = t.release()
+		}
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("trace pid %d: %w", pid, err)
+	}
+	return nil
+}
+
 func remap(m Mapping, fd, blockFD int) error {
 	t, err := seize(m.PID)
 	if err != nil {

@@ -12,3 +12,6 @@ const RemapSupported = false
 func Remap(m Mapping, fd, blockFD int) error {
 	return errors.New("remapping guest RAM needs x86-64")
 }
+
+// CanRemap always fails on this architecture.
+func CanRemap(pid int) error { return errors.New("remapping guest RAM needs x86-64") }

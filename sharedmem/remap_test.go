@@ -124,6 +124,12 @@ func TestRemapAndCopyPrivate(t *testing.T) {
 	if err != nil || !m.Shared || m.Inode != inodeOf(t, a) {
 		t.Fatalf("FindRAM = %+v, %v; want the shared mapping of a.ram", m, err)
 	}
+	if err := CanRemap(cmd.Process.Pid); err != nil {
+		t.Fatalf("CanRemap: %v", err)
+	}
+	if got := ask("get 0"); got != strconv.Itoa('a') {
+		t.Fatalf("after CanRemap page 0 reads %s, want %d ('a'): the helper must run on untouched", got, 'a')
+	}
 	if err := Remap(m, fd, blockFD); err != nil {
 		t.Fatal(err)
 	}
