@@ -100,5 +100,6 @@ class TestAgentConnection(unittest.TestCase):
                  'HOME=/root', '--', '/bin/sh', '-c', "echo 'a b'"]
         self.assertEqual(cmd[4], ' '.join(shlex.quote(a) for a in inner))
 
+
 if __name__ == '__main__':
     unittest.main()
