@@ -22,7 +22,8 @@ build:
 guest: deps
 	@tests/guest/build.sh $(GUEST_OUT) >/dev/null
 
-# A stock Debian 12 guest (debootstrap); rebuilt only when its inputs change.
+# A stock Debian 12 guest (debootstrap); rebuilt only when its inputs change. Tests get the
+# directory of the build (the script prints it), never a path a rebuild could redirect.
 guest-debian: deps
 	@tests/guest/debian/build.sh $(DEBIAN_GUEST) >/dev/null
 
@@ -45,11 +46,11 @@ ansible-unit: deps
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
 	@scripts/libvirtd.sh
-	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$(DEBIAN_GUEST) $(GO) test -tags integration -count=1 -timeout 45m -v ./tests/...
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -timeout 45m -v ./tests/...
 
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
 bench: deps build guest guest-debian
-	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$(DEBIAN_GUEST) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -run '^$$' -bench BenchmarkFork -benchtime 8x -timeout 30m ./tests/
 
 # Side by side (docs/BENCHMARKS.md): vmfork against the bare-QEMU floor, a
 # kept template with a warm pool, libvirt save+restore, a cold boot, and vmfork's libvirt

@@ -58,6 +58,11 @@ func debianGuest(t testing.TB) debianImage {
 		t.Fatal("VMFORK_DEBIAN_GUEST is not set: run `make guest-debian` and set it to the directory " +
 			"it prints (default /var/cache/vmfork/debian-guest), or use `make integration`")
 	}
+	// The build's own directory, not the links through OUTDIR/current: a
+	// rebuild switches current, and an overlay names its backing file by path.
+	if build, err := filepath.EvalSymlinks(filepath.Join(dir, "current")); err == nil {
+		dir = build
+	}
 	d := debianImage{guest: guest{
 		Kernel: filepath.Join(dir, "vmlinuz"),
 		Initrd: filepath.Join(dir, "initrd.img"),

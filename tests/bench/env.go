@@ -263,6 +263,11 @@ func processesMentioning(dirs ...string) []int {
 // guestFiles finds the guest in dir: the Debian guest where its variants
 // file is, else the busybox guest.
 func guestFiles(dir, variant string) (Guest, error) {
+	// The Debian guest's build directory, not the links through its current:
+	// a rebuild switches current, and an overlay names its backing by path.
+	if build, err := filepath.EvalSymlinks(filepath.Join(dir, "current")); err == nil {
+		dir = build
+	}
 	variants, err := os.ReadFile(filepath.Join(dir, "variants"))
 	if errors.Is(err, fs.ErrNotExist) {
 		if variant != "" {

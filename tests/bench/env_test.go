@@ -39,4 +39,20 @@ func TestGuestFiles(t *testing.T) {
 	if _, err := guestFiles(debian, "nm-dbus"); !errors.Is(err, vmfork.ErrInvalid) {
 		t.Errorf("unknown variant: got %v, want ErrInvalid", err)
 	}
+
+	// A build directory behind OUTDIR/current: the files are named by it.
+	outdir := t.TempDir()
+	if err := os.Rename(debian, filepath.Join(outdir, "0123456789ab")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("0123456789ab", filepath.Join(outdir, "current")); err != nil {
+		t.Fatal(err)
+	}
+	g, err = guestFiles(outdir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(outdir, "0123456789ab", "root.qcow2"); g.Disk != want {
+		t.Errorf("through current: got disk %q, want %q", g.Disk, want)
+	}
 }

@@ -4,14 +4,20 @@
 #
 # Usage: tests/guest/debian/build.sh [OUTDIR]    (default: /var/cache/vmfork/debian-guest)
 #
-# Outputs in OUTDIR: vmlinuz, initrd.img (the image's own initramfs-tools initrd), root.qcow2
-# (ext4, booted as root=/dev/vda and never written: vmfork puts an overlay on it),
-# kernel-release, variants ("NAME<TAB>kernel command line" per line), stamp.
-# The default OUTDIR lies outside the checkout so that fresh clones on this machine reuse it.
+# Outputs in OUTDIR/<build id>/: vmlinuz, initrd.img (the image's own initramfs-tools initrd),
+# root.qcow2 (ext4, booted as root=/dev/vda and never written: vmfork puts an overlay on it),
+# kernel-release, variants ("NAME<TAB>kernel command line" per line), stamp. OUTDIR/current
+# links to the newest build. A build's files never change once made, because overlays and
+# frozen templates name their backing file by path: a rebuild makes a new directory, so
+# machines of the old one keep a consistent chain. (So there are no OUTDIR/root.qcow2 links:
+# a path that a rebuild redirects is what must not be given to vmfork.)
+# The newest two builds are kept. The default OUTDIR lies outside the checkout so that fresh
+# clones on this machine reuse it.
 # A second run is a no-op while the stamp matches the inputs: this directory's files and the
 # host's apt lists for Debian 12 (what apt-get update last fetched). Downloaded .debs are kept
 # in VMFORK_DEBIAN_DEBS (default /var/cache/vmfork/debs) for the next build.
-# Progress goes to stderr; stdout carries only the absolute OUTDIR path. Needs root.
+# Progress goes to stderr; stdout carries only the absolute path of the build's directory
+# (OUTDIR/<build id>, current resolved). Needs root.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -50,7 +56,7 @@ variants() {
 }
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (debootstrap, chroot, file ownership in the image)"
-for tool in debootstrap chroot mke2fs qemu-img sha256sum flock find sort mountpoint; do
+for tool in debootstrap chroot mke2fs qemu-img sha256sum flock find sort; do
 	command -v "$tool" >/dev/null || die "$tool not found (Debian packages: debootstrap, coreutils, e2fsprogs, qemu-utils, util-linux, findutils)"
 done
 
@@ -88,16 +94,33 @@ header=$(
 	printf 'inputs %s\n' "$(inputs_hash)"
 )
 
+# A build's id is the inputs' hash: the same inputs name the same directory.
+id=$(sha256sum <<<"$header" | cut -c1-12)
+build=$outdir/$id
+
 up_to_date() {
-	[[ -f $outdir/stamp ]] || return 1
-	[[ $(grep -Ev '^(output|package) ' "$outdir/stamp") == "$header" ]] || return 1
-	[[ $(grep -c '^output ' "$outdir/stamp") -eq ${#outputs[@]} ]] || return 1
-	(cd "$outdir" && grep '^output ' stamp | sed 's/^output //' | sha256sum --status -c - 2>/dev/null)
+	[[ -f $build/stamp ]] || return 1
+	[[ $(grep -Ev '^(output|package|size) ' "$build/stamp") == "$header" ]] || return 1
+	[[ $(grep -c '^output ' "$build/stamp") -eq ${#outputs[@]} ]] || return 1
+	# Sizes only: hashing 200 MB on every test run costs seconds; the files are never rewritten.
+	(cd "$build" && grep '^size ' stamp | while read -r _ size f; do
+		[[ $(stat -c %s "$f" 2>/dev/null) == "$size" ]] || exit 1
+	done)
+}
+
+# use_build makes $build the current one (and the newest, for pruning).
+use_build() {
+	touch "$build"
+	if [[ $(readlink "$outdir/current" 2>/dev/null) != "$id" ]]; then
+		ln -sfn "$id" "$outdir/current.tmp"
+		mv -T "$outdir/current.tmp" "$outdir/current"
+	fi
 }
 
 if up_to_date; then
-	log "up to date: $outdir ($(cat "$outdir/kernel-release"))"
-	printf '%s\n' "$outdir" >&3
+	use_build
+	log "up to date: $build ($(cat "$build/kernel-release"))"
+	printf '%s\n' "$build" >&3
 	exit 0
 fi
 
@@ -105,8 +128,7 @@ exec 8>"$debs/.lock"
 flock 8
 
 started=$SECONDS
-log "building into $outdir"
-rm -f "$outdir/stamp"
+log "building $build"
 tmp=$(mktemp -d "$outdir/.build.XXXXXX")
 root=$tmp/root
 out=$tmp/out
@@ -134,9 +156,54 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "debootstrap --variant=minbase $suite (cache $debs)"
-debootstrap --variant=minbase --cache-dir="$debs" "$suite" "$root" "$mirror" >&2 ||
-	die "debootstrap $suite from $mirror failed (see $root/debootstrap/debootstrap.log)"
+# debootstrap runs from a local mirror made of the host's own apt data: the InRelease that apt
+# fetched (signed by Debian, checked by debootstrap against its keyring), the Packages file it
+# lists (the host's list, decompressed: its SHA256 is in that InRelease) and the .debs from the
+# cache (checked by debootstrap against Packages). Missing .debs are fetched with apt-get
+# download; with a full cache the build needs no network at all.
+local_mirror=$tmp/mirror
+pkgs=$local_mirror/dists/$suite/main/binary-amd64/Packages
+mkdir -p "${pkgs%/*}"
+cp "$lists/deb.debian.org_debian_dists_${suite}_InRelease" "$local_mirror/dists/$suite/InRelease"
+packages_list=$(host_lists | grep "_dists_${suite}_main_binary-amd64_Packages" | head -n1)
+/usr/lib/apt/apt-helper cat-file "$packages_list" >"$pkgs"
+base=$(debootstrap --variant=minbase --print-debs "$suite" "$tmp/probe" "file://$local_mirror") ||
+	die "debootstrap --print-debs $suite from the host's lists failed"
+rm -rf "$tmp/probe"
+# link_debs links each cached .deb of the base system into the mirror's pool and lists the
+# missing ones in $missing.
+link_debs() {
+	local pkg ver arch file cached
+	missing=()
+	while read -r pkg ver arch file; do
+		cached=$debs/${pkg}_${ver//:/%3a}_$arch.deb
+		[[ -f $cached ]] || cached=$debs/${file##*/}
+		if [[ ! -f $cached ]]; then
+			missing+=("$pkg=$ver")
+			continue
+		fi
+		mkdir -p "$local_mirror/${file%/*}"
+		ln -sfn "$cached" "$local_mirror/$file"
+	done < <(awk -v want="$base" '
+		BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) need[w[i]] = 1 }
+		/^Package: / { p = $2 } /^Version: / { v = $2 } /^Architecture: / { a = $2 } /^Filename: / { f = $2 }
+		/^$/ { if (p in need) print p, v, a, f; p = "" }
+		END { if (p in need) print p, v, a, f }' "$pkgs")
+}
+link_debs
+if ((${#missing[@]})); then
+	log "apt-get download: ${#missing[@]} packages of the base system"
+	(cd "$debs" && apt-get -q -o APT::Sandbox::User=root download "${missing[@]}") >&2 ||
+		die "apt-get download of the base system's packages failed (no network?)"
+	link_debs
+	((${#missing[@]} == 0)) || die "still not in $debs after apt-get download: ${missing[*]}"
+fi
+
+log "debootstrap --variant=minbase $suite ($(wc -w <<<"$base") packages, from the cache)"
+if ! debootstrap --variant=minbase "$suite" "$root" "file://$local_mirror" >&2; then
+	tail -n 20 "$root/debootstrap/debootstrap.log" >&2 || true
+	die "debootstrap $suite failed"
+fi
 
 # The rest is installed by the image's own apt from the host's lists: the same versions
 # (security updates included) that apt-get download gives the busybox guest, with no second
@@ -176,6 +243,8 @@ ff02::1	ip6-allnodes
 ff02::2	ip6-allrouters
 EOF
 echo '/dev/vda / ext4 errors=remount-ro 0 1' >"$root/etc/fstab"
+# debootstrap copied the build host's; the guest's DHCP client writes its own.
+: >"$root/etc/resolv.conf"
 # Both network stacks are configured as their users configure them; the boot variant masks one.
 cat >"$root/etc/network/interfaces" <<'EOF'
 source /etc/network/interfaces.d/*
@@ -230,11 +299,20 @@ rm -f "$tmp/root.img"
 	printf '%s\n' "$header"
 	sed 's/^/package /' "$tmp/packages"
 	(cd "$out" && sha256sum "${outputs[@]}") | sed 's/^/output /'
-} >"$tmp/stamp"
-for f in "${outputs[@]}"; do
-	mv -f "$out/$f" "$outdir/$f"
+	(cd "$out" && stat -c 'size %s %n' "${outputs[@]}")
+} >"$out/stamp"
+chmod a-w "$out"/*
+# A build directory with this id that failed the check above is incomplete or was changed
+# by hand: nothing consistent can use it.
+[[ $(readlink "$outdir/current" 2>/dev/null) != "$id" ]] || rm -f "$outdir/current"
+rm -rf "$build"
+mv "$out" "$build"
+use_build
+# Keep the newest two builds: machines of the one before may still run.
+find "$outdir" -mindepth 1 -maxdepth 1 -type d -regex '.*/[0-9a-f]\{12\}' -printf '%T@ %p\n' |
+	LC_ALL=C sort -rn | tail -n +3 | cut -d' ' -f2- | while read -r old; do
+	log "removing old build $old"
+	rm -rf "$old"
 done
-mv -f "$tmp/stamp" "$outdir/stamp.tmp"
-mv -f "$outdir/stamp.tmp" "$outdir/stamp"
-log "done in $((SECONDS - started)) s: kernel $krel, root.qcow2 $(du -h "$outdir/root.qcow2" | cut -f1), initrd.img $(du -h "$outdir/initrd.img" | cut -f1)"
-printf '%s\n' "$outdir" >&3
+log "done in $((SECONDS - started)) s: kernel $krel, root.qcow2 $(du -h "$build/root.qcow2" | cut -f1), initrd.img $(du -h "$build/initrd.img" | cut -f1)"
+printf '%s\n' "$build" >&3
