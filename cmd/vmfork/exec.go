@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -31,6 +32,11 @@ No network or SSH is needed. The command is looked up on the guest's PATH.
 		}
 		args := cliCtx.Args().Slice()
 		req := vmfork.ExecRequest{Argv: args[1:], Env: cliCtx.StringSlice("env")}
+		for _, kv := range req.Env {
+			if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsAny(k, "\x00") {
+				return usageError{fmt.Errorf("--env %q: want KEY=VALUE", kv)}
+			}
+		}
 		if cliCtx.Bool("stdin") {
 			in, err := io.ReadAll(os.Stdin)
 			if err != nil {

@@ -1,0 +1,187 @@
+//go:build integration
+
+package tests
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// badCase is one bad command line: the exit code it must get and what its
+// one-line error must say.
+type badCase struct {
+	name string
+	args []string
+	code int
+	says string
+}
+
+// runBadCases runs each case and checks the exit code, the message, that the
+// error is one line, and (through after) that nothing changed.
+func runBadCases(t *testing.T, e *env, cases []badCase, after func(t *testing.T)) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := e.vmfork(c.args...)
+			if r.code != c.code {
+				t.Errorf("exit code %d, want %d (%s)", r.code, c.code, r)
+			}
+			if !strings.Contains(r.stderr, c.says) {
+				t.Errorf("stderr %q does not say %q", r.stderr, c.says)
+			}
+			if n := strings.Count(strings.TrimSpace(r.stderr), "\n"); n != 0 {
+				t.Errorf("error is %d lines, want one: %q", n+1, r.stderr)
+			}
+			after(t)
+		})
+	}
+}
+
+// TestBadInputTable is the bad-input table of issue 12: names, counts, sizes,
+// ports, flags, files and records, each refused with one line and exit 2
+// (4 for a name that does not exist), changing nothing.
+func TestBadInputTable(t *testing.T) {
+	e := newEnv(t)
+	g := e.guest
+	dir := t.TempDir()
+	boot := func(name string, extra ...string) []string {
+		return append([]string{"boot", name, "--kernel", g.Kernel, "--initrd", g.Initrd, "--memory", "256M"}, extra...)
+	}
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// A qcow2 header with an unknown version: QEMU would refuse it only
+	// after vmfork made the machine.
+	qcow2 := []byte("QFI\xfb\x00\x00\x00\x09")
+	badQcow2 := write("v9.qcow2", append(qcow2, make([]byte, 4096)...))
+	textDisk := write("passwd", []byte("root:x:0:0:root:/root:/bin/bash\n"))
+
+	cases := []badCase{
+		{"memory zero", boot("m", "--memory", "0"), 2, "memory size"},
+		{"memory negative", boot("m", "--memory", "-1G"), 2, "memory size"},
+		{"memory beyond host", boot("m", "--memory", "900G"), 2, "more than this host has"},
+		{"memory overflow", boot("m", "--memory", "99999999999999G"), 2, "memory size"},
+		{"memory below minimum", boot("m", "--memory", "16M"), 2, "below the minimum"},
+		{"cpus zero", boot("c", "--cpus", "0"), 2, "cpus 0 must be from 1 to 64"},
+		{"cpus too many", boot("c", "--cpus", "65"), 2, "cpus 65 must be from 1 to 64"},
+		{"cpus not a number", boot("c", "--cpus", "two"), 2, `invalid value "two" for flag -cpus`},
+		{"host port too big", boot("p", "--port", "70000:22"), 2, `host port "70000" must be a number from 1 to 65535`},
+		{"guest port zero", boot("p", "--port", "0"), 2, `guest port "0" must be a number from 1 to 65535`},
+		{"port twice", boot("p", "--port", "40022:22", "--port", "40022:80"), 2, "host port 40022 is forwarded twice"},
+		{"port empty", boot("p", "--port", ":"), 2, "port forward"},
+		{"disk is a text file", boot("d", "--disk", textDisk), 2, "not a whole number of 512-byte sectors"},
+		{"disk corrupt qcow2", boot("d", "--disk", badQcow2), 2, "qcow2 magic but its header does not read"},
+		{"disk is a directory", boot("d", "--disk", dir), 2, "is not a regular file"},
+		{"disk missing", boot("d", "--disk", filepath.Join(dir, "nope.qcow2")), 2, "does not exist"},
+		{"initrd missing", []string{"boot", "i", "--kernel", g.Kernel, "--initrd", filepath.Join(dir, "nope")}, 2, "does not exist"},
+		{"initrd without kernel", []string{"boot", "i", "--initrd", g.Initrd, "--disk", g.Disk}, 2, "need --kernel"},
+		{"nothing to boot", []string{"boot", "n"}, 2, "a kernel (--kernel) or a disk image (--disk) is required"},
+		{"network unknown", boot("n", "--network", "tap"), 2, "want user, bridge=BRIDGE"},
+		{"network bridge missing", boot("n", "--network", "bridge=vmfnobr0"), 2, "vmfnobr0"},
+		{"network bridge bad name", boot("n", "--network", "bridge=a/b"), 2, "not a valid interface"},
+		{"network user with name", boot("n", "--network", "user=x"), 2, "takes no name"},
+		{"negative timeout", boot("t", "--timeout", "-5s"), 2, "want a positive duration"},
+		{"timeout not a duration", []string{"--timeout", "soon", "ls"}, 2, "soon"},
+		{"log level", []string{"--log-level", "loud", "ls"}, 2, "--log-level"},
+		{"unknown flag", boot("f", "--bogus"), 2, "flag provided but not defined: -bogus"},
+		{"unknown command", []string{"bloot"}, 2, `unknown command "bloot"`},
+		{"unknown template command", []string{"template", "svae"}, 2, `unknown command "svae" for "template"`},
+		{"unknown help topic", []string{"help", "nosuch"}, 2, "No help topic"},
+		{"name with slash", boot("a/b"), 2, `"a/b" is not valid`},
+		{"name with space", boot("a b"), 2, `"a b" is not valid`},
+		{"name starting with dash", []string{"boot", "--kernel", g.Kernel, "--", "-x"}, 2, `"-x" is not valid`},
+		{"two names", []string{"boot", "a", "b", "--kernel", g.Kernel}, 2, "exactly one machine name"},
+		{"fork count not a number", []string{"fork", "src", "--count", "abc"}, 2, `invalid value "abc" for flag -count`},
+		{"fork of nothing", []string{"fork", "nope"}, 4, `machine "nope": not found`},
+		{"fork without source", []string{"fork"}, 2, "source"},
+		{"template save of nothing", []string{"template", "save", "nope", "tpl"}, 4, `"nope": not found`},
+		{"template rm of nothing", []string{"template", "rm", "nope"}, 4, "not found"},
+		{"template pool of nothing", []string{"template", "pool", "nope", "2"}, 4, "not found"},
+		{"logs of nothing", []string{"logs", "nope"}, 4, `machine "nope": not found`},
+		{"libvirt check two domains", []string{"libvirt", "check", "a", "b"}, 2, "at most one domain name"},
+		{"libvirt setup argument", []string{"libvirt", "setup", "x"}, 2, "takes no arguments"},
+	}
+	runBadCases(t, e, cases, func(t *testing.T) { assertNothingCreated(t, e) })
+
+	// With a running source: every bad fork, template or exec line is
+	// refused before the source pauses; the source keeps running, answers
+	// its agent, and nothing beside it appears.
+	src := e.boot("src")
+	spec := write("spec.yaml", []byte("steps:\n  - name: vmfork.nosuch\n"))
+	forkCases := []badCase{
+		{"fork count zero", []string{"fork", "src", "--count", "0"}, 2, "--count 0"},
+		{"fork count negative", []string{"fork", "src", "--count", "-3"}, 2, "--count -3"},
+		{"fork too many", []string{"fork", "src", "--count", "5", "--max-children", "4"}, 2, "4"},
+		{"fork bad child name", []string{"fork", "src", "Bad_Name"}, 2, `"Bad_Name" is not valid`},
+		{"fork child named as source", []string{"fork", "src", "src"}, 2, "src"},
+		{"fork parallel zero", []string{"fork", "src", "--parallel", "0"}, 2, "parallel"},
+		{"fork identity unknown", []string{"fork", "src", "--identity", "random"}, 2, "random"},
+		{"fork unknown step", []string{"fork", "src", "--skip-step", "vmfork.nosuch"}, 2, "vmfork.nosuch"},
+		{"fork step timeout bad", []string{"fork", "src", "--step-timeout", "vmfork.clock=soon"}, 2, "soon"},
+		{"fork step timeout negative", []string{"fork", "src", "--step-timeout", "vmfork.clock=-1s"}, 2, "-1s"},
+		{"fork static without address", []string{"fork", "src", "--network", "static"}, 2, "address"},
+		{"fork bad address", []string{"fork", "src", "--network", "static", "--address", "10.0.0.300/24"}, 2, "10.0.0.300/24"},
+		{"fork spec file missing", []string{"fork", "src", "--customize", filepath.Join(dir, "none.yaml")}, 2, "none.yaml"},
+		{"fork spec unknown step", []string{"fork", "src", "--customize", spec}, 2, "vmfork.nosuch"},
+		{"fork bad on-identity-failure", []string{"fork", "src", "--on-identity-failure", "shrug"}, 2, "shrug"},
+		{"template save bad name", []string{"template", "save", "src", "Bad"}, 2, `"Bad" is not valid`},
+		{"template save pool too big", []string{"template", "save", "src", "tpl", "--pool", "100000"}, 2, "pool"},
+		{"template pool not a number", []string{"template", "pool", "src", "x"}, 2, "x"},
+		{"exec without command", []string{"exec", "src"}, 2, "needs a machine name and a command"},
+		{"exec bad env", []string{"exec", "src", "--env", "NOEQUALS", "--", "true"}, 2, "NOEQUALS"},
+	}
+	runBadCases(t, e, forkCases, func(t *testing.T) {
+		t.Helper()
+		var names []string
+		for _, m := range e.list() {
+			names = append(names, m.Name)
+			if m.Name == "src" && m.State != "running" {
+				t.Errorf("source state %q after bad input, want running", m.State)
+			}
+		}
+		if !slices.Equal(names, []string{"src"}) {
+			t.Errorf("machines after bad input = %v, want only src", names)
+		}
+		if tpls, _ := filepath.Glob(filepath.Join(e.stateDir, "templates", "*")); len(tpls) != 0 {
+			t.Errorf("bad input left templates %v", tpls)
+		}
+		if pids := e.qemuProcesses(); !slices.Equal(pids, []int{src.PID}) {
+			t.Errorf("QEMU processes = %v, want only the source's %d", pids, src.PID)
+		}
+	})
+	// A paused source's agent does not answer: this proves none was left paused.
+	if got := strings.TrimSpace(e.exec("src", "echo", "alive")); got != "alive" {
+		t.Errorf("source answered %q after the bad fork lines, want alive", got)
+	}
+
+	// A corrupted record is not the user's input: it is refused (exit 1) in
+	// one line that names the file, and the record is left for the user.
+	rec := filepath.Join(e.stateDir, "machines", "src", "machine.json")
+	good, err := os.ReadFile(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rec, []byte(`{"name": "src", "spec": `), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"fork", "src"}, {"exec", "src", "--", "true"}, {"stop", "src"}} {
+		r := e.vmfork(args...)
+		if r.code != 1 || !strings.Contains(r.stderr, rec) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("%v with a corrupted machine.json: %s, want exit 1 and one line naming %s", args, r, rec)
+		}
+	}
+	if data, _ := os.ReadFile(rec); string(data) != `{"name": "src", "spec": ` {
+		t.Errorf("the corrupted record was rewritten to %q", data)
+	}
+	if err := os.WriteFile(rec, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.ok("rm", "src")
+}
