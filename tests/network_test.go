@@ -171,12 +171,34 @@ func TestNetworkBridgeChildren(t *testing.T) {
 		t.Errorf("taps on %s after the children went: %v, want the source's only", b.bridge, b.tapsOn(t))
 	}
 
+	// A kept template's warm pool: its members wait with taps of their own
+	// on the bridge, and a child taken from the pool is on it like any.
+	e.ok("template", "save", "src", "golden", "--pool", "1")
+	if !eventually(time.Minute, func() bool { return len(b.tapsOn(t)) == 2 }) {
+		t.Errorf("taps on %s with one pool member: %v, want the source's and the member's", b.bridge, b.tapsOn(t))
+	}
+	res, r := e.forkID(0, "golden", "pooled")
+	if len(res.Children) != 1 {
+		t.Fatalf("fork of the kept template: %s", r)
+	}
+	m := e.machine("pooled")
+	if ip := b.leaseOf(t, m.MAC); ip == "" || ip == parentIP {
+		t.Errorf("the pooled child (%s) has lease %q: want one of its own (the parent's is %s)", m.MAC, ip, parentIP)
+	} else if out, err := e.tryExec("pooled", "ping", "-c", "2", "-W", "2", parentIP); err != nil {
+		t.Errorf("the pooled child cannot ping the parent at %s: %v: %s", parentIP, err, out)
+	}
+	e.ok("rm", "--force", "pooled")
+	e.ok("template", "rm", "golden")
+	if !eventually(time.Minute, func() bool { return len(b.tapsOn(t)) == 1 }) {
+		t.Errorf("taps on %s after the template and its pool went: %v, want the source's only", b.bridge, b.tapsOn(t))
+	}
+
 	// A bridge gone since the source booted fails the fork before the
 	// pause: nothing is made and the source runs on.
 	if out, err := exec.Command("ip", "-n", b.ns, "link", "del", b.bridge).CombinedOutput(); err != nil {
 		t.Fatalf("remove the bridge: %v: %s", err, out)
 	}
-	r := e.vmfork("fork", "src")
+	r = e.vmfork("fork", "src")
 	if r.code != 2 || !strings.Contains(r.stderr, b.bridge) {
 		t.Errorf("fork of a source whose bridge is gone: %s, want exit 2 naming %s", r, b.bridge)
 	}
@@ -185,6 +207,32 @@ func TestNetworkBridgeChildren(t *testing.T) {
 	}
 	if _, err := e.tryExec("src", "true"); err != nil {
 		t.Errorf("the source does not run commands after the refused fork: %v", err)
+	}
+}
+
+// TestNetworkNone boots a machine whose NIC has nothing behind it: QEMU gets
+// no -netdev, and its children keep their address instead of asking for a
+// lease nobody would give.
+func TestNetworkNone(t *testing.T) {
+	e := newEnv(t)
+	src := e.boot("src", "--network", "none")
+	if got := e.networkOf("src"); got != "none" {
+		t.Errorf("ls --json: network %q, want none", got)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", src.PID))
+	if err != nil || strings.Contains(string(cmdline), "-netdev") || !strings.Contains(string(cmdline), "virtio-net-pci") {
+		t.Errorf("QEMU's command line (%v): want a virtio NIC and no -netdev:\n%q", err, cmdline)
+	}
+	res, r := e.forkID(0, "src")
+	if len(res.Children) != 1 || res.Children[0].Identity == nil {
+		t.Fatalf("fork: %s", r)
+	}
+	c := res.Children[0]
+	if st := c.Identity.step("vmfork.network"); st.Status != "ok" {
+		t.Errorf("%s's network step: %+v, want ok (only a new MAC)", c.Name, st)
+	}
+	if got := e.networkOf(c.Name); got != "none" {
+		t.Errorf("%s's network is %q, want its source's none", c.Name, got)
 	}
 }
 
