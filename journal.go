@@ -194,6 +194,7 @@ func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err e
 	}
 	if e.Op == "pool" && tpl != nil {
 		mg.repairPool(ctx, tpl)
+		mg.Store.removeTempFiles(e.Template) // a killed member's start RAM file
 	} else if e.Template != "" {
 		if tpl == nil {
 			// Reserved but never recorded: nothing can use it.

@@ -210,10 +210,12 @@ func (s *Store) emptyTrash(name, trash string) error {
 	return nil
 }
 
-// removeTempFiles removes the temporary files a freeze into template id
-// makes (sharedmem writes <mem-dir>/.<id>.ram.tmp and renames it): left by
-// a command killed during the freeze, they would make every later freeze
-// into that id fail.
+// removeTempFiles removes the temporary files of template id in the mem
+// dir, <mem-dir>/.<id>.ram.tmp*: the freeze's RAM copy, renamed into place
+// when done, and a starting child's own RAM file (qemudrv), removed once
+// the template is mapped. Left by a command killed midway, the first would
+// make every later freeze into that id fail, the second would hold tmpfs.
+// The caller holds the lock of the name whose commands use them.
 func (s *Store) removeTempFiles(id string) {
 	tmps, _ := filepath.Glob(filepath.Join(s.MemDir, "."+id+ramSuffix+".tmp*"))
 	for _, f := range tmps {
