@@ -91,6 +91,9 @@ func TestCrashMatrix(t *testing.T) {
 		{name: "fork-running-kill-child", fault: vmfork.FaultForkRunning + ":qemu", prep: fork(1)},
 		{name: "fork-paused-kill-source", fault: vmfork.FaultFreezePaused + ":qemu", victim: true,
 			prep: func(*rig, int) []string { return []string{"fork", "victim", "--count", "1"} }},
+		{name: "boot-spawned", fault: vmfork.FaultQEMUSpawned, prep: func(r *rig, i int) []string {
+			return []string{"boot", fmt.Sprintf("b%d", i), "--kernel", r.guest.Kernel, "--initrd", r.guest.Initrd, "--memory", "256M"}
+		}},
 		{name: "save-reserved", fault: vmfork.FaultSaveReserved, prep: save(), after: keptOK},
 		{name: "save-paused", fault: vmfork.FaultFreezePaused, prep: save(), after: keptOK},
 		{name: "save-frozen", fault: vmfork.FaultSaveFrozen, prep: save("--pool", "1"), after: func(r *rig, i int) {
@@ -115,6 +118,7 @@ func TestCrashMatrix(t *testing.T) {
 		if !only.MatchString(c.name) {
 			continue
 		}
+		start := time.Now()
 		for i := 1; i <= runs; i++ {
 			r.run(c, i)
 			if t.Failed() {
@@ -123,7 +127,7 @@ func TestCrashMatrix(t *testing.T) {
 		}
 		// The source forks as before once the case's debris is repaired.
 		r.forkOK()
-		t.Logf("case %s: %d runs repaired", c.name, runs)
+		t.Logf("case %s: %d runs repaired (%v)", c.name, runs, time.Since(start).Round(time.Second))
 	}
 	for _, p := range vmfork.FaultPoints {
 		if !points[p] {
