@@ -294,7 +294,10 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 		}
 		err = joinLine(err, rerr)
 	}()
-	fr, ferr := mg.Fork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel, MaxChildren: req.MaxChildren, Identity: req.Identity})
+	// The branches carry the TTL from the start: the deadline bounds the
+	// explore's whole life, and that of every branch it keeps.
+	fr, ferr := mg.Fork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel, MaxChildren: req.MaxChildren,
+		Identity: req.Identity, TTL: req.TTL})
 	if fr == nil {
 		return nil, fmt.Errorf("explore: %w", ferr)
 	}
@@ -329,13 +332,6 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 		res.Winner = req.KeepAs
 		if !req.KeepAll {
 			delete(keep, winner)
-		}
-	}
-	if req.TTL > 0 {
-		for n := range keep {
-			if _, err := mg.SetTTL(ctx, n, req.TTL); err != nil {
-				return res, fmt.Errorf("explore %q: %w", req.Source, err)
-			}
 		}
 	}
 	// Only the branches to remove stay in the record from here on.
@@ -374,14 +370,8 @@ func (mg *Manager) markKept(res *ExploreResult, keep map[string]bool) {
 // new machine continues from the winner's instant with all its changes,
 // and the branch goes with the losers.
 func (mg *Manager) keepAs(ctx context.Context, winner string, req ExploreRequest) error {
-	if _, err := mg.Fork(ctx, ForkRequest{Source: winner, Names: []string{req.KeepAs}, Identity: req.Identity}); err != nil {
-		return err
-	}
-	if req.TTL > 0 {
-		_, err := mg.SetTTL(ctx, req.KeepAs, req.TTL)
-		return err
-	}
-	return nil
+	_, err := mg.Fork(ctx, ForkRequest{Source: winner, Names: []string{req.KeepAs}, Identity: req.Identity, TTL: req.TTL})
+	return err
 }
 
 func (mg *Manager) checkExplore(req ExploreRequest) error {

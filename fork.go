@@ -53,6 +53,10 @@ type ForkRequest struct {
 	Prefix      string
 	Parallel    int // children started at once; default 4
 	MaxChildren int // default DefaultMaxChildren
+	// TTL gives every child a deadline (ttl.go) from the moment its record
+	// is made, so that the children of a fork whose process dies go too;
+	// 0 for none.
+	TTL time.Duration
 	// Identity says how children get identities of their own (identity.go).
 	Identity IdentityOptions
 }
@@ -131,6 +135,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
+	mg.applyForkTTL(ctx, req.TTL, f.children)
 	Fault(FaultForkReserved, src.PID)
 	live := src.State == StateRunning
 	if live {
@@ -271,6 +276,9 @@ func failedSummary(fs []ChildError) string {
 
 // childNames validates the request and returns the children's names.
 func (mg *Manager) childNames(req ForkRequest) ([]string, error) {
+	if err := CheckTTL(req.TTL); err != nil {
+		return nil, err
+	}
 	max := req.MaxChildren
 	if max <= 0 {
 		max = DefaultMaxChildren

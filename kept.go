@@ -273,6 +273,7 @@ func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest,
 		done()
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
+	mg.applyForkTTL(ctx, req.TTL, children)
 	results := mg.startChildren(ctx, forker, t, children, true, req)
 	done()
 	res, err := mg.forkOutcome(req.Source, t, children, results)

@@ -374,3 +374,24 @@ func joinLine(errs ...error) error {
 	}
 	return fmt.Errorf(format[:len(format)-2], args...)
 }
+
+// applyForkTTL gives a fork's reserved children their deadline before
+// they start, and makes sure a reaper runs: if the forking process dies
+// now, the journal's repair removes the children that never finished and
+// the reaper those that did. Failures only weaken the TTL, so they are
+// logged, not returned.
+func (mg *Manager) applyForkTTL(ctx context.Context, ttl time.Duration, children []*Machine) {
+	if ttl == 0 {
+		return
+	}
+	d := deadline(time.Now(), ttl)
+	for _, c := range children {
+		c.Expires = d
+		if err := mg.Store.SaveMachine(c); err != nil {
+			mg.Log.WithField("machine", c.Name).WithError(err).Warn("could not record the deadline")
+		}
+	}
+	if err := mg.EnsureReaper(ctx); err != nil {
+		mg.Log.WithError(err).Warn("could not start the reaper: deadlines are enforced by vmfork gc")
+	}
+}

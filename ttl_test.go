@@ -8,7 +8,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork/customize"
 )
+
+// customizeStep is an identity step that calls fn.
+func customizeStep(fn func()) customize.Step {
+	return customize.Step{Name: "t.call", Fn: func(context.Context, *customize.Env) error { fn(); return nil }}
+}
 
 // countStarts sets a reaper starter on mg that only counts its calls.
 func countStarts(mg *Manager) *atomic.Int32 {
@@ -232,5 +239,43 @@ func TestJoinLineKeepsOneLine(t *testing.T) {
 	}
 	if joinLine(nil, nil) != nil || joinLine(a) != a {
 		t.Errorf("joinLine of nils or one error is not that")
+	}
+}
+
+// A fork's TTL is on each child's record from its reservation on, so a
+// child of a fork whose process dies still goes; a bad TTL is refused
+// before the source is frozen.
+func TestForkTTLIsRecordedAtReservation(t *testing.T) {
+	mg, fd := newTestManager(t)
+	d := &linkDriver{fakeDriver: fd}
+	mg.Driver = d
+	starts := countStarts(mg)
+	bootFake(t, mg, "src")
+	if _, err := mg.Fork(t.Context(), ForkRequest{Source: "src", Count: 1, TTL: -time.Second, Identity: okChain}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Fork with a negative TTL = %v, want ErrInvalid", err)
+	}
+	if fd.freezeSeen != 0 {
+		t.Fatalf("a refused fork froze the source")
+	}
+	var seen time.Time
+	step := okChain
+	step.Edit = chainOf(customizeStep(func() {
+		// Runs in the child before the fork returns.
+		if m, err := mg.Store.LoadMachine("src-1"); err == nil {
+			seen = m.Expires
+		}
+	}))
+	if _, err := mg.Fork(t.Context(), ForkRequest{Source: "src", Count: 1, TTL: time.Hour, Identity: step}); err != nil {
+		t.Fatal(err)
+	}
+	if seen.IsZero() {
+		t.Errorf("the child's record had no deadline while the fork ran")
+	}
+	m, err := mg.Store.LoadMachine("src-1")
+	if err != nil || !m.Expires.Equal(seen) {
+		t.Errorf("child's deadline after the fork = %v, %v; want %v", m.Expires, err, seen)
+	}
+	if starts.Load() != 1 {
+		t.Errorf("reaper started %d times, want 1", starts.Load())
 	}
 }

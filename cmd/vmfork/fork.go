@@ -87,6 +87,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 			Prefix:      cliCtx.String("prefix"),
 			Parallel:    cliCtx.Int("parallel"),
 			MaxChildren: cliCtx.Int("max-children"),
+			TTL:         cliCtx.Duration("ttl"),
 		}
 		if cliCtx.IsSet("count") && req.Count < 1 {
 			return usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
@@ -120,11 +121,6 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		res, err := mg.Fork(ctx, req)
 		if res == nil {
 			return err
-		}
-		for _, c := range res.Children {
-			if _, terr := applyTTL(ctx, cliCtx, mg, c.Name); terr != nil {
-				err = joinLine(err, terr)
-			}
 		}
 		if cliCtx.Bool("json") {
 			if perr := printJSON(res); perr != nil {
