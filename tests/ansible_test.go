@@ -239,7 +239,17 @@ func TestAnsiblePlaybook(t *testing.T) {
 		t.Fatalf("bad arguments left machines: %+v", ms)
 	}
 
-	rc, out, err := a.play("site", sitePlaybook)
+	// Check mode on a fresh host: the boot is a dry run, the fork says it
+	// waits for that parent; nothing is made.
+	rc, out, err := a.play("site", sitePlaybook, "--check")
+	if err != nil || rc["localhost"].failed != 0 || rc["localhost"].changed != 2 {
+		t.Fatalf("check run on a fresh host: %v, recap %+v, want changed=2 (boot, fork) failed=0\n%s", err, rc["localhost"], out)
+	}
+	if ms := e.list(); len(ms) != 0 {
+		t.Fatalf("check mode made machines: %+v", ms)
+	}
+
+	rc, out, err = a.play("site", sitePlaybook)
 	if err != nil {
 		t.Fatalf("first run: %v\n%s", err, out)
 	}
