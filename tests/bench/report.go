@@ -275,9 +275,9 @@ func (r *ScaleResult) WriteTable(w io.Writer) error {
 	if len(r.ByMemory) > 0 {
 		fmt.Fprintf(w, "\nscale by guest RAM: one child per call, %d rounds, medians\n", r.Rounds)
 		tw := newTab(w)
-		fmt.Fprintln(tw, "GUEST RAM\tUSED\tSOURCE PAUSE\tFROZEN RAM\tCHILD RUNNING\tCHILD READY\tWHOLE CALL\tSOURCE BOOT")
+		fmt.Fprintln(tw, "GUEST RAM\tUSED\tSOURCE PAUSE\tPAUSE FLOOR\tFROZEN RAM\tCHILD RUNNING\tCHILD READY\tWHOLE CALL\tSOURCE BOOT")
 		for _, p := range r.ByMemory {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", memLabel(p.MemoryMiB), usedLabel(p.UsedMiB), fmtMS(p.PauseMS),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", memLabel(p.MemoryMiB), usedLabel(p.UsedMiB), fmtMS(p.PauseMS), fmtMS(p.PauseFloorMS),
 				fmtBytes(p.TemplateRAMBytes), fmtMS(p.RunningMS), fmtMS(p.ReadyMS), fmtMS(p.WallMS), fmtMS(p.SourceBootMS))
 		}
 		tw.Flush()
@@ -286,9 +286,9 @@ func (r *ScaleResult) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "\nscale by depth: fork of a fork of ..., %s guest using %s, %d rounds, medians\n",
 			memLabel(r.ByDepth[0].MemoryMiB), usedLabel(r.ByDepth[0].UsedMiB), r.Rounds)
 		tw := newTab(w)
-		fmt.Fprintln(tw, "DEPTH\tSOURCE PAUSE\tCHILD RUNNING\tCHILD READY")
+		fmt.Fprintln(tw, "DEPTH\tSOURCE PAUSE\tPAUSE FLOOR\tCHILD RUNNING\tCHILD READY")
 		for _, p := range r.ByDepth {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", p.Depth, fmtMS(p.PauseMS), fmtMS(p.RunningMS), fmtMS(p.ReadyMS))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", p.Depth, fmtMS(p.PauseMS), fmtMS(p.PauseFloorMS), fmtMS(p.RunningMS), fmtMS(p.ReadyMS))
 		}
 		tw.Flush()
 	}

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qmp"
 )
 
 // ScaleOptions choose the two sweeps: guest RAM with one child per call,
@@ -52,9 +55,13 @@ type ScalePoint struct {
 	Children  int     `json:"children"`
 	Rounds    int     `json:"rounds"`
 	PauseMS   float64 `json:"source_pause_ms"`
-	RunningMS float64 `json:"child_running_ms"` // median child of the call
-	ReadyMS   float64 `json:"child_ready_ms"`   // median child of the call
-	LastMS    float64 `json:"last_child_ready_ms"`
+	// PauseFloorMS is the same source paused for stop, its device-state
+	// save and cont with nothing else, in the same rounds: what no freeze
+	// can go below.
+	PauseFloorMS float64 `json:"source_pause_floor_ms,omitempty"`
+	RunningMS    float64 `json:"child_running_ms"` // median child of the call
+	ReadyMS      float64 `json:"child_ready_ms"`   // median child of the call
+	LastMS       float64 `json:"last_child_ready_ms"`
 	// WallMS is the whole fork call: pause plus every child ready.
 	WallMS float64 `json:"wall_ms"`
 	// TemplateRAMBytes is what the freeze copied: the allocated part of the
@@ -132,6 +139,44 @@ func Scale(ctx context.Context, e *Env, opt ScaleOptions) (*ScaleResult, error) 
 	return res, nil
 }
 
+// pauseFloor pauses machine name for stop, a device-state save with
+// x-ignore-shared into a scratch file, and cont, and returns how long it was
+// paused: the floor of any freeze of it.
+func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
+	m, err := e.mgr.Store.LoadMachine(name)
+	if err != nil {
+		return 0, err
+	}
+	mon, err := qmp.Dial(ctx, m.Paths.QMP)
+	if err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
+	defer mon.Close()
+	if err := qmp.PrepareSave(ctx, mon); err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
+	scratch := filepath.Join(m.Paths.Dir, "floor.devstate")
+	defer os.Remove(scratch)
+	release, err := qmp.CreateSaveFile(ctx, mon, "floor", scratch)
+	if err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
+	defer release()
+	start := time.Now()
+	if err := mon.Stop(ctx); err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
+	serr := qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond)
+	if err := mon.Cont(context.WithoutCancel(ctx)); err != nil {
+		return 0, fmt.Errorf("pause floor of %s: resume: %w (it may still be paused)", name, err)
+	}
+	d := time.Since(start)
+	if serr != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, serr)
+	}
+	return ms(d), nil
+}
+
 // fillSource fills machine name with used MiB of non-zero data.
 func (e *Env) fillSource(ctx context.Context, name string, used int) error {
 	if used <= 0 {
@@ -166,9 +211,14 @@ func (e *Env) scaleDepth(ctx context.Context, opt ScaleOptions) (pts []ScalePoin
 		return nil, err
 	}
 	for d := 1; d <= opt.Depth; d++ {
-		var pause, run, ready []float64
+		var pause, run, ready, floor []float64
 		next := ""
 		for r := range opt.Rounds {
+			f, err := e.pauseFloor(ctx, cur)
+			if err != nil {
+				return pts, err
+			}
+			floor = append(floor, f)
 			name := fmt.Sprintf("depth%d-%d", d, r+1)
 			e.announce("scale: depth %d, round %d/%d", d, r+1, opt.Rounds)
 			fr, ferr := e.mgr.Fork(ctx, vmfork.ForkRequest{Source: cur, Names: []string{name}})
@@ -189,7 +239,7 @@ func (e *Env) scaleDepth(ctx context.Context, opt ScaleOptions) (pts []ScalePoin
 			e.step("scale: depth %d round %d: pause %.0f ms", d, r+1, fr.PauseMS)
 		}
 		pts = append(pts, ScalePoint{MemoryMiB: mem, UsedMiB: used, Depth: d, Children: 1, Rounds: opt.Rounds,
-			PauseMS: Median(pause), RunningMS: Median(run), ReadyMS: Median(ready), LastMS: Median(ready)})
+			PauseMS: Median(pause), RunningMS: Median(run), ReadyMS: Median(ready), LastMS: Median(ready), PauseFloorMS: Median(floor)})
 		cur = next
 		if _, err := e.mgr.Exec(ctx, cur, vmfork.ExecRequest{Argv: []string{"/bin/sh", "-c",
 			"head -c 4194304 /dev/urandom > /run/depth-step"}}); err != nil {
@@ -213,8 +263,13 @@ func (e *Env) scalePoint(ctx context.Context, src string, mem, used int, counts 
 	}
 	e.step("scale: %s source booted", memLabel(mem))
 	for _, n := range counts {
-		var pause, run, ready, last, wall, tplRAM []float64
+		var pause, run, ready, last, wall, tplRAM, floor []float64
 		for r := range opt.Rounds {
+			f, err := e.pauseFloor(ctx, src)
+			if err != nil {
+				return pts, err
+			}
+			floor = append(floor, f)
 			e.announce("scale: %s, %d children per call, round %d/%d", memLabel(mem), n, r+1, opt.Rounds)
 			start := time.Now()
 			fr, ferr := e.mgr.Fork(ctx, vmfork.ForkRequest{Source: src, Count: n, Parallel: opt.Parallel, MaxChildren: max(n, vmfork.DefaultMaxChildren)})
@@ -239,7 +294,7 @@ func (e *Env) scalePoint(ctx context.Context, src string, mem, used int, counts 
 		pts = append(pts, ScalePoint{
 			MemoryMiB: mem, UsedMiB: used, Children: n, Rounds: opt.Rounds,
 			PauseMS: Median(pause), RunningMS: Median(run), ReadyMS: Median(ready), LastMS: Median(last),
-			WallMS: Median(wall), TemplateRAMBytes: int64(Median(tplRAM)), SourceBootMS: ms(bootD),
+			WallMS: Median(wall), TemplateRAMBytes: int64(Median(tplRAM)), SourceBootMS: ms(bootD), PauseFloorMS: Median(floor),
 		})
 	}
 	return pts, nil
@@ -264,6 +319,16 @@ func growth(res *ScaleResult) []Ratio {
 			atMost(fmt.Sprintf("source pause, %s using %s ÷ %s using %s", memLabel(b.MemoryMiB), usedLabel(b.UsedMiB),
 				memLabel(a.MemoryMiB), usedLabel(a.UsedMiB)), b.PauseMS/a.PauseMS, 1.2),
 			atMost(fmt.Sprintf("child running, %s ÷ %s", memLabel(b.MemoryMiB), memLabel(a.MemoryMiB)), b.RunningMS/a.RunningMS, 1.25))
+	}
+	for _, p := range append(append([]ScalePoint{}, res.ByMemory...), res.ByDepth...) {
+		if p.PauseFloorMS <= 0 {
+			continue
+		}
+		label := fmt.Sprintf("%s using %s", memLabel(p.MemoryMiB), usedLabel(p.UsedMiB))
+		if p.Depth > 0 {
+			label = fmt.Sprintf("depth %d", p.Depth)
+		}
+		out = append(out, atMost("source pause ÷ floor (stop, device state, cont), "+label, p.PauseMS/p.PauseFloorMS, 1.5))
 	}
 	if n := len(res.ByDepth); n >= 2 {
 		a, b := res.ByDepth[0], res.ByDepth[n-1]
