@@ -16,7 +16,7 @@ import (
 // ttlFlag is shared by boot, fork and template save.
 var ttlFlag = &cli.DurationFlag{
 	Name:  "ttl",
-	Usage: "remove it this long from now, even with no vmfork command running (e.g. 30m; 0: never)",
+	Usage: "remove it this long after it is made (a fork child: from its fork's start), even with no vmfork command running (e.g. 30m; 0: never)",
 }
 
 // checkTTLFlag refuses a bad --ttl before anything is done.
