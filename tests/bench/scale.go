@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/sharedmem"
 )
 
 // ScaleOptions choose the two sweeps: guest RAM with one child per call,
@@ -59,6 +60,11 @@ type ScalePoint struct {
 	// save and cont with nothing else, in the same rounds: what no freeze
 	// can go below.
 	PauseFloorMS float64 `json:"source_pause_floor_ms,omitempty"`
+	// RAMCopyMS is how long copying the source's RAM file (its allocated
+	// extents) took, timed once before the rounds: what a freeze that
+	// copies RAM in the pause (vmfork before the flat pause) adds to the
+	// floor.
+	RAMCopyMS float64 `json:"ram_copy_ms,omitempty"`
 	RunningMS    float64 `json:"child_running_ms"` // median child of the call
 	ReadyMS      float64 `json:"child_ready_ms"`   // median child of the call
 	LastMS       float64 `json:"last_child_ready_ms"`
@@ -177,6 +183,24 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	return ms(d), nil
 }
 
+// ramCopy times a copy of booted machine name's RAM file, as the freeze
+// before the flat pause made in the pause, and removes the copy.
+func (e *Env) ramCopy(name string) (float64, error) {
+	m, err := e.mgr.Store.LoadMachine(name)
+	if err != nil {
+		return 0, err
+	}
+	dst := filepath.Join(filepath.Dir(m.Paths.RAM), "."+name+".copy-timing")
+	start := time.Now()
+	_, err = sharedmem.Freeze(context.Background(), m.Paths.RAM, dst)
+	d := time.Since(start)
+	os.Remove(dst)
+	if err != nil {
+		return 0, fmt.Errorf("time a RAM copy of %s: %w", name, err)
+	}
+	return ms(d), nil
+}
+
 // fillSource fills machine name with used MiB of non-zero data.
 func (e *Env) fillSource(ctx context.Context, name string, used int) error {
 	if used <= 0 {
@@ -261,6 +285,10 @@ func (e *Env) scalePoint(ctx context.Context, src string, mem, used int, counts 
 	if err := e.fillSource(ctx, src, used); err != nil {
 		return nil, err
 	}
+	copyMS, err := e.ramCopy(src)
+	if err != nil {
+		return nil, err
+	}
 	e.step("scale: %s source booted", memLabel(mem))
 	for _, n := range counts {
 		var pause, run, ready, last, wall, tplRAM, floor []float64
@@ -294,7 +322,7 @@ func (e *Env) scalePoint(ctx context.Context, src string, mem, used int, counts 
 		pts = append(pts, ScalePoint{
 			MemoryMiB: mem, UsedMiB: used, Children: n, Rounds: opt.Rounds,
 			PauseMS: Median(pause), RunningMS: Median(run), ReadyMS: Median(ready), LastMS: Median(last),
-			WallMS: Median(wall), TemplateRAMBytes: int64(Median(tplRAM)), SourceBootMS: ms(bootD), PauseFloorMS: Median(floor),
+			WallMS: Median(wall), TemplateRAMBytes: int64(Median(tplRAM)), SourceBootMS: ms(bootD), PauseFloorMS: Median(floor), RAMCopyMS: copyMS,
 		})
 	}
 	return pts, nil
@@ -329,6 +357,9 @@ func growth(res *ScaleResult) []Ratio {
 			label = fmt.Sprintf("depth %d", p.Depth)
 		}
 		out = append(out, atMost("source pause ÷ floor (stop, device state, cont), "+label, p.PauseMS/p.PauseFloorMS, 1.5))
+		if p.RAMCopyMS > 0 {
+			out = append(out, info("pause of a freeze copying RAM (floor + copy) ÷ source pause, "+label, (p.PauseFloorMS+p.RAMCopyMS)/p.PauseMS))
+		}
 	}
 	if n := len(res.ByDepth); n >= 2 {
 		a, b := res.ByDepth[0], res.ByDepth[n-1]
