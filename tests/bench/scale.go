@@ -65,9 +65,9 @@ type ScalePoint struct {
 	// copies RAM in the pause (vmfork before the flat pause) adds to the
 	// floor.
 	RAMCopyMS float64 `json:"ram_copy_ms,omitempty"`
-	RunningMS    float64 `json:"child_running_ms"` // median child of the call
-	ReadyMS      float64 `json:"child_ready_ms"`   // median child of the call
-	LastMS       float64 `json:"last_child_ready_ms"`
+	RunningMS float64 `json:"child_running_ms"` // median child of the call
+	ReadyMS   float64 `json:"child_ready_ms"`   // median child of the call
+	LastMS    float64 `json:"last_child_ready_ms"`
 	// WallMS is the whole fork call: pause plus every child ready.
 	WallMS float64 `json:"wall_ms"`
 	// TemplateRAMBytes is what the freeze copied: the allocated part of the
