@@ -50,6 +50,11 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	add("-cpu", s.CPUModel, "-smp", fmt.Sprint(s.CPUs), "-m", fmt.Sprintf("%dM", s.MemoryMiB))
 	add("-object", ramObject(m))
 	add("-nodefaults", "-no-user-config", "-display", "none")
+	// The seccomp filter libvirt gives its QEMUs: no obsolete system calls,
+	// no setuid, no fork or exec, no scheduler or resource changes. The
+	// embedded driver needs none of them: migration streams go through
+	// passed descriptors (fd:, never exec:) and the tap comes ready-made.
+	add("-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
 	add("-chardev", "file,id="+serialID+",path="+optPath(m.Paths.Serial), "-serial", "chardev:"+serialID)
 	add("-qmp", "unix:"+optPath(m.Paths.QMP)+",server=on,wait=off")
 	if s.Kernel != "" {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -151,6 +152,7 @@ func (d *Driver) waitAgent(ctx context.Context, m *vmfork.Machine, p *process) e
 		acancel()
 		if err == nil {
 			a.Close()
+			privateSockets(filepath.Dir(m.Paths.QGA))
 			return nil
 		}
 		select {

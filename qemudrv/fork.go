@@ -242,6 +242,7 @@ func dialQMP(ctx context.Context, path string, p *process, logPath string, log *
 		mon, err := qmp.Dial(actx, path, qmp.WithLogger(log))
 		cancel()
 		if err == nil {
+			privateSockets(filepath.Dir(path))
 			return mon, nil
 		}
 		select {

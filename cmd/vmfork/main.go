@@ -44,6 +44,11 @@ func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
 func main() {
+	// Everything vmfork and the QEMUs it starts create — records, disks,
+	// RAM files, QMP and agent sockets — is for root (or the user running
+	// vmfork) alone. Files another user's QEMU must open (an adopted libvirt
+	// domain's) are handed over explicitly by the libvirt driver.
+	syscall.Umask(0o077)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	app := newApp()
 	err := app.RunContext(ctx, normalizeArgs(app, os.Args))
