@@ -532,3 +532,34 @@ func forkOnLibvirtNet(t *testing.T, n *libvirtNet, nic, network string) {
 		}
 	}
 }
+
+// TestNetworkLibvirtBoot boots a machine of the libvirt driver on an
+// isolated libvirt network, and refuses, with nothing made, a network that
+// does not exist and a NIC with nothing behind it.
+func TestNetworkLibvirtBoot(t *testing.T) {
+	n := newLibvirtNet(t)
+	d := newDriverEnv(t, []string{"--connect", libvirtURI})
+	for _, c := range []struct{ network, says string }{
+		{"network=vmfork-nonet", `libvirt network "vmfork-nonet" does not exist`},
+		{"none", "network none"},
+	} {
+		r := d.cli("-q", "boot", d.n("bad"), "--kernel", d.guest.Kernel, "--initrd", d.guest.Initrd, "--network", c.network)
+		if r.code != 2 || !strings.Contains(r.stderr, c.says) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("boot --network %s: %s; want exit 2 and one line saying %q", c.network, r, c.says)
+		}
+	}
+	if len(domains(t, d.prefix)) != 0 || len(d.machines()) != 0 {
+		t.Fatalf("refused boots left domains %v or machines %v", domains(t, d.prefix), d.machines())
+	}
+	p := d.n("vm")
+	m := d.bootGuest(p, "--network", "network="+n.name)
+	if got := d.networkOf(p); got != "network="+n.name {
+		t.Errorf("ls --json: network %q, want network=%s", got, n.name)
+	}
+	if got := strings.ToLower(virshOK(t, "domiflist", p)); !strings.Contains(got, n.name) || !strings.Contains(got, strings.ToLower(m.MAC)) {
+		t.Errorf("virsh domiflist %s:\n%s\nwant network %s and MAC %s", p, got, n.name, m.MAC)
+	}
+	if !eventually(time.Minute, func() bool { return len(n.leasesOf(t, m.MAC)) == 1 }) {
+		t.Errorf("%s (%s) got no lease on %s: %+v", p, m.MAC, n.name, n.leases(t))
+	}
+}
