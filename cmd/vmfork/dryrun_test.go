@@ -128,3 +128,33 @@ func TestDryRunMatchesRealRun(t *testing.T) {
 		t.Errorf("dry runs changed the state dir:\n%s\nwant:\n%s", got, before)
 	}
 }
+
+// A dry run's JSON is part of the contract with the Ansible modules (check
+// mode): this golden file changes only by adding keys.
+func TestPlanJSONGolden(t *testing.T) {
+	p := vmfork.Plan{
+		DryRun: true, Command: "fork", Changed: true, Source: "web", SourcePauses: true,
+		Actions: []string{
+			`pause running machine "web" for a fraction of a second and freeze it into a new template; it carries on`,
+			"start 1 children from that instant",
+		},
+		Children: []vmfork.PlannedChild{{Name: "web-1", Index: 1, Hostname: "node1"}},
+	}
+	got, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", "plan-fork.json")
+	if *update {
+		if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./cmd/vmfork -update)", err)
+	}
+	if string(got)+"\n" != string(want) {
+		t.Errorf("plan JSON changed (rerun with -update and review the diff):\ngot:\n%s\nwant:\n%s", got, want)
+	}
+}
