@@ -18,12 +18,15 @@ round.
 
    vmfork extend web-try-2 --ttl 1h`,
 	Flags: []cli.Flag{
-		&cli.DurationFlag{Name: "ttl", Usage: "new deadline, from now (0: none)", Required: true},
+		&cli.DurationFlag{Name: "ttl", Usage: "new deadline, from now (0: none); required"},
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() == 0 {
 			return usageError{errors.New("extend needs a machine or template name: vmfork extend NAME --ttl DURATION")}
+		}
+		if !cliCtx.IsSet("ttl") {
+			return usageError{errors.New("extend needs --ttl DURATION (0 removes the deadline)")}
 		}
 		if err := checkTTLFlag(cliCtx); err != nil {
 			return err
