@@ -194,6 +194,7 @@ fast as guest RAM, 0 not at all.
 		&cli.IntFlag{Name: "depth", Usage: "add the depth sweep: fork a child of a child ... this many levels deep"},
 		&cli.StringFlag{Name: "depth-use", Usage: "non-zero data in the depth sweep's source", Value: "50%"},
 		&cli.BoolFlag{Name: "no-children-sweep", Usage: "skip the children-per-call sweep"},
+		&cli.IntFlag{Name: "loop", Usage: "add an agent's loop: this many forks of one source, each child removed before the next"},
 	}, benchCommonFlags...),
 	Action: func(cliCtx *cli.Context) error {
 		var uses []bench.GuestUse
@@ -222,8 +223,8 @@ fast as guest RAM, 0 not at all.
 		}
 		opt := bench.ScaleOptions{MemoryMiB: mems, Children: kids, ChildMemoryMiB: cm,
 			Parallel: cliCtx.Int("parallel"), Rounds: cliCtx.Int("rounds"),
-			GuestUse: uses, Depth: cliCtx.Int("depth"), DepthUse: depthUse, NoChildrenSweep: cliCtx.Bool("no-children-sweep")}
-		if opt.Rounds < 1 || opt.Parallel < 1 || opt.Depth < 0 {
+			GuestUse: uses, Depth: cliCtx.Int("depth"), DepthUse: depthUse, NoChildrenSweep: cliCtx.Bool("no-children-sweep"), Loop: cliCtx.Int("loop")}
+		if opt.Rounds < 1 || opt.Parallel < 1 || opt.Depth < 0 || opt.Loop < 0 {
 			return usageError{errors.New("--rounds and --parallel must be at least 1, --depth at least 0")}
 		}
 		if len(uses) > 1 && len(uses) != len(mems) {

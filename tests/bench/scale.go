@@ -33,6 +33,24 @@ type ScaleOptions struct {
 	DepthUse GuestUse
 	// NoChildrenSweep skips the children-per-call sweep.
 	NoChildrenSweep bool
+	// Loop, when positive, adds an agent's loop: a source of ChildMemoryMiB
+	// filled by DepthUse is forked Loop times, each child removed before
+	// the next fork and 2 MiB written in the source between forks.
+	Loop int
+}
+
+// LoopResult is the agent's loop: the source's pause and memory after its
+// first and its last fork.
+type LoopResult struct {
+	Forks            int     `json:"forks"`
+	WrittenBytes     int64   `json:"guest_written_bytes"` // by the source between the first and the last fork
+	FirstPauseMS     float64 `json:"first_pause_ms"`
+	LastPauseMS      float64 `json:"last_pause_ms"`
+	MedianPauseMS    float64 `json:"median_pause_ms"`
+	FirstPSSBytes    int64   `json:"source_pss_after_first_bytes"`
+	LastPSSBytes     int64   `json:"source_pss_after_last_bytes"`
+	MemDirAfterFirst int64   `json:"mem_dir_after_first_bytes"`
+	MemDirAfterLast  int64   `json:"mem_dir_after_last_bytes"`
 }
 
 // useFor is the fill of the i-th source of the RAM sweep.
@@ -85,6 +103,7 @@ type ScaleResult struct {
 	ByMemory       []ScalePoint `json:"by_memory"`
 	ByChildren     []ScalePoint `json:"by_children"`
 	ByDepth        []ScalePoint `json:"by_depth,omitempty"`
+	Loop           *LoopResult  `json:"loop,omitempty"`
 	// Growth holds exponents k in time ∝ size^k between the first and the
 	// last point of a sweep: 1 grows as fast as guest RAM, 0 not at all.
 	Growth []Ratio `json:"growth"`
@@ -141,8 +160,82 @@ func Scale(ctx context.Context, e *Env, opt ScaleOptions) (*ScaleResult, error) 
 			return res, fmt.Errorf("scale: depth: %w", err)
 		}
 	}
+	if opt.Loop > 0 {
+		l, err := e.scaleLoop(ctx, opt)
+		res.Loop = l
+		if err != nil {
+			res.Growth = growth(res)
+			return res, fmt.Errorf("scale: loop: %w", err)
+		}
+	}
 	res.Growth = growth(res)
 	return res, nil
+}
+
+// scaleLoop runs the agent's loop (ScaleOptions.Loop).
+func (e *Env) scaleLoop(ctx context.Context, opt ScaleOptions) (l *LoopResult, err error) {
+	mem := opt.ChildMemoryMiB
+	used, err := opt.DepthUse.MiBFor(mem)
+	if err != nil {
+		return nil, err
+	}
+	e.announce("scale: booting a %s source for the loop", memLabel(mem))
+	src := "loop"
+	m, _, err := e.boot(ctx, src, mem)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, e.remove(context.WithoutCancel(ctx), src)) }()
+	if err := e.fillSource(ctx, src, used); err != nil {
+		return nil, err
+	}
+	l = &LoopResult{Forks: opt.Loop}
+	var pauses []float64
+	const step = 2 << 20
+	for i := 1; i <= opt.Loop; i++ {
+		child := fmt.Sprintf("loop-%d", i)
+		fr, err := e.mgr.Fork(ctx, vmfork.ForkRequest{Source: src, Names: []string{child}})
+		if err != nil {
+			if fr != nil && len(fr.Children) > 0 {
+				err = errors.Join(err, e.remove(context.WithoutCancel(ctx), child))
+			}
+			return l, err
+		}
+		pauses = append(pauses, fr.PauseMS)
+		if err := e.remove(context.WithoutCancel(ctx), child); err != nil {
+			return l, err
+		}
+		r, err := sharedmem.ReadRollup(m.PID)
+		if err != nil {
+			return l, err
+		}
+		switch i {
+		case 1:
+			l.FirstPauseMS, l.FirstPSSBytes, l.MemDirAfterFirst = fr.PauseMS, r.PSS, dirAllocated(filepath.Dir(m.Paths.RAM))
+		case opt.Loop:
+			l.LastPauseMS, l.LastPSSBytes, l.MemDirAfterLast = fr.PauseMS, r.PSS, dirAllocated(filepath.Dir(m.Paths.RAM))
+		}
+		e.step("scale: loop fork %d: pause %.0f ms", i, fr.PauseMS)
+		if i < opt.Loop {
+			if _, err := e.mgr.Exec(ctx, src, vmfork.ExecRequest{Argv: []string{"/bin/sh", "-c",
+				fmt.Sprintf("head -c %d /dev/urandom > /run/loop-%d", step, i)}}); err != nil {
+				return l, fmt.Errorf("write in %s: %w", src, err)
+			}
+			l.WrittenBytes += step
+		}
+	}
+	l.MedianPauseMS = Median(pauses)
+	return l, nil
+}
+
+// dirAllocated is what the files of dir hold on the (tmpfs) disk.
+func dirAllocated(dir string) int64 {
+	ents, _ := os.ReadDir(dir)
+	var n int64
+	for _, e := range ents {
+		n += allocated(filepath.Join(dir, e.Name()))
+	}
+	return n
 }
 
 // pauseFloor pauses machine name for stop, a device-state save with
@@ -366,6 +459,13 @@ func growth(res *ScaleResult) []Ratio {
 		out = append(out,
 			atMost(fmt.Sprintf("source pause, depth %d ÷ depth 1", b.Depth), b.PauseMS/a.PauseMS, 1.2),
 			atMost(fmt.Sprintf("child running, depth %d ÷ depth 1", b.Depth), b.RunningMS/a.RunningMS, 1.2))
+	}
+	if l := res.Loop; l != nil && l.FirstPauseMS > 0 {
+		out = append(out,
+			atMost(fmt.Sprintf("loop: pause of fork %d ÷ fork 1", l.Forks), l.LastPauseMS/l.FirstPauseMS, 1.2),
+			atMost(fmt.Sprintf("loop: source PSS after fork %d ÷ (after fork 1 + what it wrote)", l.Forks),
+				float64(l.LastPSSBytes)/float64(l.FirstPSSBytes+l.WrittenBytes), 1.1),
+			info("loop: mem dir after the last fork ÷ after the first", float64(l.MemDirAfterLast)/float64(max(l.MemDirAfterFirst, 1))))
 	}
 	if n := len(res.ByChildren); n >= 2 {
 		a, b := res.ByChildren[0], res.ByChildren[n-1]
