@@ -352,3 +352,44 @@ func shapes(ns []*treeNodeJSON) []string {
 	}
 	return out
 }
+
+// Explore works on a kept template; the template's own TTL gives its name
+// up with no command run, and it goes when its last child goes.
+func TestExploreFromAKeptTemplateWithTTL(t *testing.T) {
+	e := newEnv(t)
+	e.stopReapersOnCleanup()
+	src := e.boot("src")
+	e.exec("src", "sh", "-c", "echo saved > /data/at-save; sync")
+	var saved templateJSON
+	e.jsonOK(&saved, "template", "save", "src", "gold", "--ttl", "20s")
+	var res exploreJSON
+	e.jsonOK(&res, "explore", "gold", "--try", "exit 1", "--try", "cat /data/at-save")
+	if res.Winner != "gold-try-2" || strings.TrimSpace(res.Tries[1].Stdout) != "saved" {
+		t.Fatalf("explore of a kept template = %+v, want gold-try-2 reading the saved file", res)
+	}
+	// No vmfork command until the template's name is given up.
+	manifest := filepath.Join(e.stateDir, "templates", saved.ID, "manifest.json")
+	released := waitFor(20*time.Second+10*time.Second, func() bool {
+		var m struct {
+			Name string `json:"name"`
+		}
+		data, err := os.ReadFile(manifest)
+		return err == nil && json.Unmarshal(data, &m) == nil && m.Name == ""
+	})
+	if !released {
+		t.Fatalf("template %s is still kept as gold 10 s after its deadline", saved.ID)
+	}
+	if !slices.Contains(e.templateDirs(), saved.ID) {
+		t.Fatalf("template %s went while gold-try-2 maps it", saved.ID)
+	}
+	e.ok("rm", "gold-try-2")
+	if slices.Contains(e.templateDirs(), saved.ID) {
+		t.Errorf("template %s still there after its last child went: %v", saved.ID, e.templateDirs())
+	}
+	if pids := e.qemuProcesses(); len(pids) != 1 || pids[0] != src.PID {
+		t.Errorf("QEMU processes %v, want src's alone", pids)
+	}
+	if !waitFor(10*time.Second, func() bool { return len(e.reaperPIDs()) == 0 }) {
+		t.Errorf("reaper still runs: %v", e.reaperPIDs())
+	}
+}
