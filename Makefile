@@ -9,7 +9,7 @@ DEBIAN_GUEST ?= /var/cache/vmfork/debian-guest
 BIN       ?= $(CURDIR)/bin/vmfork
 GO        ?= go
 
-.PHONY: all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
+.PHONY: fuzz all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
 
 all: build
 
@@ -42,6 +42,17 @@ unit:
 # The Ansible collection's unit tests (python3 -m unittest; no VM, no network).
 ansible-unit: deps
 	@ansible/tests/unit/run.sh
+
+# Fuzz targets of every parser, a few seconds each (go test runs one target
+# per call). FUZZTIME=1m for a longer hunt.
+FUZZTIME ?= 4s
+FUZZ_TARGETS = .:FuzzParseMemory .:FuzzParsePortForward .:FuzzParseNetwork .:FuzzValidateName \
+	.:FuzzMachineRecord ./overlay:FuzzCheckBase
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t#*:}; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
@@ -81,7 +92,7 @@ bench-scale: deps build guest
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
-test: deps vet unit ansible-unit integration
+test: deps vet unit fuzz ansible-unit integration
 
 # The crash matrix (docs/RELIABILITY.md) with every case run 10 times instead
 # of CI's 3: vmfork, or a QEMU, killed with SIGKILL at each fault point, then

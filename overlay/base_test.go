@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,4 +66,30 @@ func overOnMissing(t *testing.T, dir string) string {
 	}
 	os.Remove(base)
 	return over
+}
+
+// FuzzCheckBase feeds image headers to the base-disk check: it must answer
+// every file with nil or an error, never panic or hang. The seeds are a
+// qcow2 overlay, a raw image and junk.
+func FuzzCheckBase(f *testing.F) {
+	dir := f.TempDir()
+	raw := filepath.Join(dir, "seed.raw")
+	os.WriteFile(raw, make([]byte, 1024), 0o644)
+	q := filepath.Join(dir, "seed.qcow2")
+	if err := Create(context.Background(), raw, q); err != nil {
+		f.Fatal(err)
+	}
+	seed, _ := os.ReadFile(q)
+	f.Add(seed)
+	f.Add(make([]byte, 512))
+	f.Add([]byte("QFI\xfb\x00\x00\x00\x03"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p := filepath.Join(t.TempDir(), "img")
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckBase(p); err != nil && strings.Contains(err.Error(), "\n") {
+			t.Fatalf("error spans lines: %q", err)
+		}
+	})
 }
