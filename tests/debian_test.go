@@ -3,6 +3,8 @@
 package tests
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,4 +102,44 @@ func TestDebianGuestVariants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkBootDebian measures vmfork boot until the guest agent answers, for
+// the Debian guest (variant ifupdown-nodbus, the minimal server) next
+// to the busybox guest in the same run, alternating, and reports the medians
+// and their ratio. It needs VMFORK_GUEST and VMFORK_DEBIAN_GUEST.
+func BenchmarkBootDebian(b *testing.B) {
+	d := debianGuest(b)
+	v := d.variant(b, "ifupdown-nodbus")
+	var busybox, debian []float64
+	for i := 0; b.Loop(); i++ {
+		e := newEnv(b)
+		start := time.Now()
+		e.boot(fmt.Sprint("bb", i))
+		busybox = append(busybox, time.Since(start).Seconds())
+		e.cleanup()
+
+		de := newDebianEnv(b)
+		start = time.Now()
+		de.bootDebian(fmt.Sprint("deb", i), v)
+		debian = append(debian, time.Since(start).Seconds())
+		de.cleanup()
+	}
+	bb, deb := median(busybox), median(debian)
+	b.ReportMetric(bb, "busybox_agent_s")
+	b.ReportMetric(deb, "debian_agent_s")
+	b.ReportMetric(deb/bb, "debian/busybox")
+	b.ReportMetric(0, "ns/op") // a boot's wall time is in the metrics above
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
