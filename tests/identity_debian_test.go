@@ -203,6 +203,33 @@ func stepTimes(id *identityJSON) string {
 	return strings.Join(b, ", ")
 }
 
+// TestIdentityDebianMissingTool: a guest that lacks what a step needs gets
+// one line naming what it lacks and what to do, and the fork says the child
+// failed. Here the Debian guest's dhclient, which configured eth0, is
+// removed from the source before the fork (the running one stays).
+func TestIdentityDebianMissingTool(t *testing.T) {
+	e := newDebianEnv(t)
+	e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"))
+	e.waitIPv4("deb", 2*time.Minute)
+	e.exec("deb", "mv", "/sbin/dhclient", "/sbin/dhclient.gone")
+	res, r := e.forkID(3, "deb", "kid")
+	if len(res.Failed) != 1 {
+		t.Fatalf("fork %+v (%s), want kid failed", res, r)
+	}
+	want := `identity: step "vmfork.network": the guest has no /sbin/dhclient any more, the DHCP client (dhclient) that configured eth0: install it (isc-dhcp-client for dhclient), set network.dhcp_command, use --network static or none, or --skip-step vmfork.network`
+	if got := res.Failed[0].Error; got != want {
+		t.Errorf("error:\n got %s\nwant %s", got, want)
+	}
+	if !strings.Contains(r.stderr, "kid: "+want) {
+		t.Errorf("stderr does not carry the one-line error: %q", r.stderr)
+	}
+	// --skip-step, the way out it names, works.
+	res, _ = e.forkID(0, "deb", "kid2", "--skip-step", "vmfork.network")
+	if s := res.Children[0].Identity.step("vmfork.network"); s.Status != "skipped" {
+		t.Errorf("network step %+v, want skipped by request", s)
+	}
+}
+
 // BenchmarkIdentityChain measures the identity chain, per step, on the
 // busybox test guest and on the stock Debian guest (ifupdown-nodbus, QEMU's
 // user network, DHCP), one child per round, in the same run: the Debian
