@@ -7,6 +7,9 @@ GUEST_OUT ?= $(CURDIR)/tests/guest/out
 # The Debian guest is cached outside the checkout: fresh clones on this machine reuse it.
 DEBIAN_GUEST ?= /var/cache/vmfork/debian-guest
 BIN       ?= $(CURDIR)/bin/vmfork
+# The same CLI with `vmfork bench` compiled in (-tags bench); the product
+# binary carries no benchmark harness.
+BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
 GO        ?= go
 
 .PHONY: fuzz all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
@@ -18,6 +21,7 @@ deps:
 
 build:
 	$(GO) build -o $(BIN) ./cmd/vmfork
+	$(GO) build -tags bench -o $(BENCH_BIN) ./cmd/vmfork
 
 guest: deps
 	@tests/guest/build.sh $(GUEST_OUT) >/dev/null
@@ -32,6 +36,7 @@ demo: deps build guest
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags bench ./cmd/vmfork
 	$(GO) vet -tags integration ./tests/...
 
 # Unit tests boot nothing and need no QEMU.
@@ -57,7 +62,7 @@ fuzz:
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
 	@scripts/libvirtd.sh
-	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -timeout 45m -v ./tests/...
+	VMFORK_BIN=$(BIN) VMFORK_BENCH_BIN=$(BENCH_BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -timeout 45m -v ./tests/...
 
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
 bench: deps build guest guest-debian
@@ -75,20 +80,20 @@ PEERS_FLAGS ?=
 bench-peers: deps build guest
 	@scripts/libvirtd.sh
 	$(BIN) libvirt setup
-	$(BIN) bench peers --guest $(GUEST_OUT) --plot docs/bench-peers.svg $(PEERS_FLAGS)
+	$(BENCH_BIN) bench peers --guest $(GUEST_OUT) --plot docs/bench-peers.svg $(PEERS_FLAGS)
 
 # The same with every source guest holding 60% of its RAM in non-zero data, as
 # a desktop or an agent's machine in use does.
 bench-peers-used: deps build guest
 	@scripts/libvirtd.sh
 	$(BIN) libvirt setup
-	$(BIN) bench peers --guest $(GUEST_OUT) --guest-use 60% --plot docs/bench-peers-used.svg
+	$(BENCH_BIN) bench peers --guest $(GUEST_OUT) --guest-use 60% --plot docs/bench-peers-used.svg
 
 bench-burst: deps build guest
-	$(BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg
+	$(BENCH_BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg
 
 bench-scale: deps build guest
-	$(BIN) bench scale --guest $(GUEST_OUT) --plot docs/bench-scale.svg
+	$(BENCH_BIN) bench scale --guest $(GUEST_OUT) --plot docs/bench-scale.svg
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 

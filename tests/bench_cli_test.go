@@ -13,6 +13,16 @@ import (
 	"time"
 )
 
+// benchBin is the CLI built with `vmfork bench` (make build: bin/vmfork-bench).
+func benchBin(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("VMFORK_BENCH_BIN")
+	if bin == "" {
+		t.Fatal("VMFORK_BENCH_BIN is not set: run the integration tests with `make integration`")
+	}
+	return bin
+}
+
 // benchDirs lists the run directories `vmfork bench` makes, and the QEMU
 // processes that use any.
 func benchDirs() []string {
@@ -32,7 +42,7 @@ func benchDirs() []string {
 func TestBenchPeersSmoke(t *testing.T) {
 	e := newEnv(t)
 	before := benchDirs()
-	cmd := exec.Command(e.bin, "bench", "peers", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
+	cmd := exec.Command(benchBin(t), "bench", "peers", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
 		"--rounds", "1", "--methods", "vmfork,floor,kept_template", "--no-libvirt", "--guest-use", "40M",
 		"--settle", "200ms", "--json")
 	out, err := cmd.Output()
@@ -81,7 +91,7 @@ func TestBenchPeersSmoke(t *testing.T) {
 func TestBenchBurstSmoke(t *testing.T) {
 	e := newEnv(t)
 	before := benchDirs()
-	out, err := exec.Command(e.bin, "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
+	out, err := exec.Command(benchBin(t), "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
 		"--settle", "200ms", "--json").Output()
 	if err != nil {
 		t.Fatalf("vmfork bench burst: %v\n%s", err, out)

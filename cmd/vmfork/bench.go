@@ -1,3 +1,5 @@
+//go:build bench
+
 package main
 
 import (
@@ -18,6 +20,8 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/tests/bench"
 )
+
+func init() { extraCommands = append(extraCommands, benchCommand) }
 
 var benchCommand = &cli.Command{
 	Name:  "bench",

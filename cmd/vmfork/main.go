@@ -109,7 +109,6 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			stopCommand,
 			rmCommand,
 			logsCommand,
-			benchCommand,
 			libvirtCommand,
 			exploreCommand,
 			treeCommand,
@@ -130,6 +129,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			return cli.ShowAppHelp(cliCtx)
 		},
 	}
+	app.Commands = append(app.Commands, extraCommands...)
 	markUsageErrors(app.Commands)
 	return app
 }
