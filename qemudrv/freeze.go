@@ -116,9 +116,11 @@ func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 	if p.blockFD, err = sharedmem.FDOf(src.PID, p.m.Dev, p.m.Inode); err != nil {
 		return nil, err
 	}
+	// The returns below set p to nil: clean up through a copy of it.
+	plan := p
 	defer func() {
 		if err != nil {
-			p.cleanup(ctx, mon)
+			plan.cleanup(ctx, mon)
 		}
 	}()
 	var forQEMU *os.File
@@ -261,6 +263,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer w.Rollback(ctx, &err)
+	phases := newPhases()
 	if err := d.inject(injectAfterStop); err != nil {
 		return fr, err
 	}
@@ -269,9 +272,11 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 			return fr, fmt.Errorf("switch disk: %w", err)
 		}
 	}
+	phases.mark("disk_ms")
 	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log)); err != nil {
 		return fr, fmt.Errorf("save device state: %w", err)
 	}
+	phases.mark("devstate_ms")
 	vmfork.Fault(vmfork.FaultFreezePaused, src.PID)
 	if err := d.inject(injectBeforeRAM); err != nil {
 		return fr, err
@@ -281,6 +286,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		os.Remove(t.Paths.RAM)
 		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.mode, err)
 	}
+	phases.mark("ram_ms")
 	if err := d.inject(injectAfterRAM); err != nil {
 		os.Remove(t.Paths.RAM)
 		return fr, err
@@ -288,6 +294,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	if fr.Pause, err = w.Resume(ctx); err != nil {
 		return fr, err
 	}
+	phases.mark("cont_ms")
 	if st, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = st.Size()
 	}
@@ -295,7 +302,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	log.WithFields(logrus.Fields{
 		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.mode.String(),
 		"precopied_bytes": ram.precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
-	}).Debug("frozen")
+	}).WithFields(phases.fields).Debug("frozen")
 	return fr, nil
 }
 
@@ -388,4 +395,18 @@ func mapTemplate(ctx context.Context, mon *qmp.Monitor, pid int, start string, t
 		return fmt.Errorf("map template RAM: %w", err)
 	}
 	return nil
+}
+
+// phases times the steps of a pause for the debug log.
+type phases struct {
+	last   time.Time
+	fields logrus.Fields
+}
+
+func newPhases() *phases { return &phases{last: time.Now(), fields: logrus.Fields{}} }
+
+func (p *phases) mark(name string) {
+	now := time.Now()
+	p.fields[name] = float64(now.Sub(p.last).Microseconds()) / 1000
+	p.last = now
 }
