@@ -212,11 +212,12 @@ func TestIdentityDebianMissingTool(t *testing.T) {
 	e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"))
 	e.waitIPv4("deb", 2*time.Minute)
 	e.exec("deb", "mv", "/sbin/dhclient", "/sbin/dhclient.gone")
-	res, r := e.forkID(3, "deb", "kid")
+	// Its only child failed: the fork failed (exit 1), and says why.
+	res, r := e.forkID(1, "deb", "kid")
 	if len(res.Failed) != 1 {
 		t.Fatalf("fork %+v (%s), want kid failed", res, r)
 	}
-	want := `identity: step "vmfork.network": the guest has no /sbin/dhclient any more, the DHCP client (dhclient) that configured eth0: install it (isc-dhcp-client for dhclient), set network.dhcp_command, use --network static or none, or --skip-step vmfork.network`
+	want := `identity: step "vmfork.network": the guest has no dhclient any more, the DHCP client (dhclient) that configured eth0: install it (isc-dhcp-client for dhclient), set network.dhcp_command, use --network static or none, or --skip-step vmfork.network`
 	if got := res.Failed[0].Error; got != want {
 		t.Errorf("error:\n got %s\nwant %s", got, want)
 	}
