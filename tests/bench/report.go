@@ -305,8 +305,8 @@ func (r *ScaleResult) WriteTable(w io.Writer) error {
 	}
 	if l := r.Loop; l != nil {
 		fmt.Fprintf(w, "\nagent loop: %d forks of one source, each child removed, %s written in between\n", l.Forks, fmtBytes(l.WrittenBytes))
-		fmt.Fprintf(w, "pause first %s, last %s, median %s; source PSS after the first %s, after the last %s; mem dir %s -> %s\n",
-			fmtMS(l.FirstPauseMS), fmtMS(l.LastPauseMS), fmtMS(l.MedianPauseMS), fmtBytes(l.FirstPSSBytes), fmtBytes(l.LastPSSBytes),
+		fmt.Fprintf(w, "pause first quarter %s, last quarter %s (medians), median %s; source PSS after the first %s, after the last %s; mem dir %s -> %s\n",
+			fmtMS(l.FirstQuarterMS), fmtMS(l.LastQuarterMS), fmtMS(l.MedianPauseMS), fmtBytes(l.FirstPSSBytes), fmtBytes(l.LastPSSBytes),
 			fmtBytes(l.MemDirAfterFirst), fmtBytes(l.MemDirAfterLast))
 	}
 	if len(r.Growth) > 0 {
