@@ -223,8 +223,9 @@ type Machine struct {
 	// template's.
 	VMGenID string `json:"vmgenid,omitempty"`
 	// GuestMAC is the MAC a fork child's identity chain gives the guest.
-	// Spec.MAC stays the template's: it is part of the device configuration
-	// the saved state must match, and QEMU's receive filter follows the
+	// Spec.MAC stays the template's, the MAC the guest wakes with (it
+	// travels in the device state); a driver configures the child's NIC with
+	// GuestMAC, so a reset keeps it, and QEMU's receive filter follows the
 	// guest's choice.
 	GuestMAC string `json:"guest_mac,omitempty"`
 	// Identity is what the identity chain did in a fork child.

@@ -2,6 +2,7 @@ package qemudrv
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/vmfork/vmfork"
@@ -79,7 +80,7 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	} else {
 		nic = "virtio-net-pci" // network none: a NIC with no peer
 	}
-	add("-device", nic+",id="+nicID+",mac="+s.MAC+",bus="+nicRootID)
+	add("-device", nic+",id="+nicID+",mac="+nicMAC(m)+",bus="+nicRootID)
 	add("-device", "virtio-serial-pci,id=vser0")
 	add("-chardev", "socket,id="+qgaID+",path="+optPath(m.Paths.QGA)+",server=on,wait=off")
 	add("-device", "virtserialport,chardev="+qgaID+",name="+agentPort+",id=qgaport0")
@@ -127,6 +128,20 @@ func ramObject(m *vmfork.Machine) string {
 		ramID, m.Spec.MemoryMiB, optPath(m.Paths.RAM), share)
 }
 
+// nicMAC is the MAC QEMU's NIC is configured with: a fork child's own (the
+// one its identity chain gives the guest) once it has one, else the
+// record's. The guest's current MAC travels in the device state, so the
+// configured one only shows after a reset: a child that reboots keeps its
+// own MAC, and so its own lease on a shared network, instead of taking its
+// source's. A warm-pool member starts before it knows its MAC and keeps the
+// template's.
+func nicMAC(m *vmfork.Machine) string {
+	if m.GuestMAC != "" {
+		return m.GuestMAC
+	}
+	return m.Spec.MAC
+}
+
 // netdevArg is the NIC's host backend, "" for none.
 func netdevArg(s vmfork.Spec) string {
 	switch s.Network.Effective().Kind {
@@ -150,6 +165,8 @@ func netdevArg(s vmfork.Spec) string {
 // options and ",," stands for a literal comma.
 func optPath(p string) string { return strings.ReplaceAll(p, ",", ",,") }
 
+var macOption = regexp.MustCompile(`,mac=[0-9a-fA-F:]+`)
+
 // GuestVisible returns the words of argv that the guest can see: machine,
 // CPU, memory size, devices and direct-boot files. A template's children
 // must match its source in all of them; backends (paths, ports, share=) may
@@ -163,6 +180,8 @@ func GuestVisible(argv []string) []string {
 			if strings.HasPrefix(w, "vmgenid,") {
 				w = "vmgenid,id=vmgenid0"
 			}
+			// The configured MAC is not in the device state (nicMAC).
+			w = macOption.ReplaceAllString(w, "")
 			out = append(out, argv[i]+" "+w)
 		}
 	}

@@ -95,9 +95,13 @@ func TestArgvChildMatchesParent(t *testing.T) {
 		Serial: "/x/web-1/serial.log", Log: "/x/web-1/qemu.log", RAM: "/dev/shm/vmfork/t.ram",
 	}
 	child.Spec.Ports = []vmfork.PortForward{{Host: 40000, Guest: 22}}
+	child.GuestMAC = "52:54:00:aa:bb:cc"
 	pv, cv := GuestVisible(Argv(parent, ArgvOptions{})), GuestVisible(Argv(child, ArgvOptions{Incoming: true}))
 	if strings.Join(pv, "\n") != strings.Join(cv, "\n") {
 		t.Errorf("guest-visible configuration differs:\nparent: %q\nchild:  %q", pv, cv)
+	}
+	if argv := strings.Join(Argv(child, ArgvOptions{Incoming: true}), " "); !strings.Contains(argv, ",mac=52:54:00:aa:bb:cc,") {
+		t.Errorf("child argv %q: want its NIC configured with its own MAC", argv)
 	}
 	if len(pv) < 10 {
 		t.Errorf("only %d guest-visible words found: %q", len(pv), pv)

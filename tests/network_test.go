@@ -3,6 +3,7 @@
 package tests
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork/qmp"
 )
 
 // Children on real shared networks: a bridge with a DHCP server, for the
@@ -166,6 +169,16 @@ func TestNetworkBridgeChildren(t *testing.T) {
 	}
 
 	kids := forkOnBridge(t, e, b, src, parentIP)
+
+	// A child's NIC is configured with its own MAC, not its source's (the
+	// guest's MAC comes from the device state): a reset keeps it, and with
+	// it the child's own lease.
+	for _, k := range kids {
+		if got, want := e.nicConfiguredMAC(k), e.machine(k).MAC; got != want {
+			t.Errorf("%s's NIC is configured with %s, want its own %s (the source's is %s)", k, got, want, src.MAC)
+		}
+	}
+
 	e.ok(append([]string{"rm", "--force"}, kids...)...)
 	if !eventually(30*time.Second, func() bool { return len(b.tapsOn(t)) == 1 }) {
 		t.Errorf("taps on %s after the children went: %v, want the source's only", b.bridge, b.tapsOn(t))
@@ -297,6 +310,24 @@ func forkOnBridge(t *testing.T, e *env, b *bridgeNet, src machineJSON, parentIP 
 		kids = append(kids, c.Name)
 	}
 	return kids
+}
+
+// nicConfiguredMAC returns the MAC machine name's QEMU NIC is configured
+// with, the one the guest gets after a reset.
+func (e *env) nicConfiguredMAC(name string) string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(e.t.Context(), 30*time.Second)
+	defer cancel()
+	mon, err := qmp.Dial(ctx, e.machine(name).QMP)
+	if err != nil {
+		e.t.Fatalf("QMP of %s: %v", name, err)
+	}
+	defer mon.Close()
+	var mac string
+	if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/machine/peripheral/nic0", "property": "mac"}, &mac); err != nil {
+		e.t.Fatalf("qom-get nic0 mac of %s: %v", name, err)
+	}
+	return mac
 }
 
 // leaseOf returns the address dnsmasq leased to mac, or "".
