@@ -371,7 +371,7 @@ func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machin
 		err = serr
 	}
 	if err != nil {
-		return err
+		return mg.Store.explainFull(err, int64(src.Spec.MemoryMiB)<<20)
 	}
 	tpl.HasMemory = true
 	tpl.PauseMS = ms(fr.Pause)
