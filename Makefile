@@ -3,8 +3,9 @@
 #   make test   installs what is missing, builds, runs unit and integration tests
 export PATH := /usr/local/go/bin:$(PATH)
 
-GUEST_OUT ?= $(CURDIR)/tests/guest/out
-# The Debian guest is cached outside the checkout: fresh clones on this machine reuse it.
+# Both test guests are cached outside the checkout, so that fresh clones on
+# this machine (CI's) reuse them; each rebuilds only when its inputs change.
+GUEST_OUT ?= /var/cache/vmfork/guest
 DEBIAN_GUEST ?= /var/cache/vmfork/debian-guest
 BIN       ?= $(CURDIR)/bin/vmfork
 # The same CLI with `vmfork bench` compiled in (-tags bench); the product

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${VMFORK_BIN:-bin/vmfork}
-guest=${VMFORK_GUEST:-tests/guest/out}
+guest=${VMFORK_GUEST:-/var/cache/vmfork/guest}
 export VMFORK_STATE_DIR=${VMFORK_STATE_DIR:-$(mktemp -d /tmp/vmfork-demo.XXXXXX)}
 export VMFORK_MEM_DIR=${VMFORK_MEM_DIR:-$(mktemp -d /dev/shm/vmfork-demo.XXXXXX)}
 cleanup() {
