@@ -207,6 +207,10 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 func (mg *Manager) agentDialer(m *Machine) func(context.Context) (customize.Agent, error) {
 	return func(ctx context.Context) (customize.Agent, error) {
 		a, err := mg.Driver.Agent(ctx, m)
+		if errors.Is(err, ErrNotRunning) {
+			// Its QEMU exited: the chain fails now, not at a step's timeout.
+			return nil, fmt.Errorf("%w: %w", err, customize.ErrMachineGone)
+		}
 		if err != nil {
 			return nil, err
 		}

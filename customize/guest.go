@@ -77,6 +77,10 @@ func tail(b []byte) string {
 // that failed.
 var ErrNoAgent = errors.New("no guest agent")
 
+// ErrMachineGone is wrapped by a dial error when the machine's process has
+// exited: no wait for its agent can succeed, so none is made.
+var ErrMachineGone = errors.New("machine is gone")
+
 type noAgentError struct{ err error }
 
 func (e noAgentError) Error() string   { return e.err.Error() }
@@ -247,7 +251,7 @@ func waitAgent(ctx context.Context, a Agent) error {
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrMachineGone) {
 			return fmt.Errorf("guest agent does not answer: %w", err)
 		}
 		if !errors.Is(err, context.DeadlineExceeded) {
