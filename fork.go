@@ -98,6 +98,7 @@ type ChildError struct {
 // Everything that can be checked is checked before the source is paused.
 // When some children fail the others stay, and the error wraps ErrPartial.
 func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, err error) {
+	defer func() { err = mg.Store.explainFull(err, 0) }()
 	forker, ok := mg.Driver.(Forker)
 	if !ok {
 		return nil, fmt.Errorf("fork %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)

@@ -19,8 +19,9 @@ const nearlyFull = 8 << 20
 // migration error, with no errno. ramBytes is what the step may have needed
 // in the mem dir (a freeze copies up to the source's RAM there).
 func (s *Store) explainFull(err error, ramBytes int64) error {
-	if err == nil {
-		return nil
+	var done *fullError
+	if err == nil || errors.As(err, &done) {
+		return err
 	}
 	enospc := errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 	var full []string
@@ -40,7 +41,16 @@ func (s *Store) explainFull(err error, ramBytes int64) error {
 	if len(full) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w (%s)", err, strings.Join(full, "; "))
+	return &fullError{err: err, full: strings.Join(full, "; ")}
 }
+
+// fullError is an error explained by explainFull, which explains it once.
+type fullError struct {
+	err  error
+	full string // which directories are full
+}
+
+func (e *fullError) Error() string { return e.err.Error() + " (" + e.full + ")" }
+func (e *fullError) Unwrap() error { return e.err }
 
 func freeMiB(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

@@ -67,6 +67,7 @@ func (s *Store) FindKept(name string) (*Template, error) {
 // When only the pool fails the template is kept and the error wraps
 // ErrPartial.
 func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err error) {
+	defer func() { err = mg.Store.explainFull(err, 0) }()
 	forker, ok := mg.Driver.(Forker)
 	if !ok {
 		return nil, fmt.Errorf("keep %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
