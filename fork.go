@@ -59,6 +59,10 @@ type ForkRequest struct {
 	TTL time.Duration
 	// Identity says how children get identities of their own (identity.go).
 	Identity IdentityOptions
+	// DetachDevices unplugs the source's extra devices for the freeze when
+	// they forbid it, and plugs them back into the source after; children
+	// are made without them.
+	DetachDevices bool
 }
 
 // ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
@@ -140,6 +144,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	Fault(FaultForkReserved, src.PID)
 	live := src.State == StateRunning
 	if live {
+		f.tpl.DetachDevices = req.DetachDevices
 		if err = mg.preFork(ctx, src, req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, forker, src, f.tpl)
 		}
@@ -155,6 +160,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Info("source frozen")
 	Fault(FaultForkFrozen, src.PID)
 
+	inheritDevices(f.tpl, f.children)
 	results := mg.startChildren(ctx, forker, f.tpl, f.children, live, req)
 	f.done()
 	res, err = mg.forkOutcome(src.Name, f.tpl, f.children, results)

@@ -102,6 +102,11 @@ type Spec struct {
 	// Network is what the NIC is plugged into on the host; the zero value
 	// is the user network. Children inherit it (network.go).
 	Network Network `json:"network"`
+	// Devices and Objects are extra QEMU devices (boot --device) and the
+	// backends they need (boot --object); children get the objects and the
+	// devices still plugged in (device.go).
+	Devices []Device `json:"devices,omitempty"`
+	Objects []string `json:"objects,omitempty"`
 
 	// Resolved by the driver at first start.
 	MachineType string `json:"machine_type,omitempty"` // versioned, e.g. pc-q35-7.2
@@ -180,6 +185,9 @@ func (s *Spec) Validate() error {
 		return err
 	}
 	if err := s.validateNetwork(); err != nil {
+		return err
+	}
+	if err := s.validateDevices(); err != nil {
 		return err
 	}
 	if n := s.Network.Effective(); n.Kind == NetworkBridge {
