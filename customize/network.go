@@ -400,11 +400,11 @@ elif [ -n "$cmd" ]; then
 	how="$dhc restarted as it ran ($*)"
 elif command -v udhcpc >/dev/null 2>&1; then
 	# One exchange, as a guest whose udhcpc quit after its lease did at
-	# boot; vmfork's event script applies the lease with two ip commands.
+	# boot; vmfork's event script applies the lease with two ip commands
+	# (the first part flushed the old addresses).
 	s=$R/run/.vmfork-udhcpc.script
 	{
 		printf '#!/bin/sh\ncase $1 in\nbound|renew)\n'
-		printf '\tip -4 addr flush dev "$interface"\n'
 		printf '\tip addr add "$ip/$mask" broadcast + dev "$interface" || exit 1\n'
 		printf '\tfor r in $router; do ip route replace default via "$r" dev "$interface"; break; done\n'
 		printf '\tif [ -n "$dns" ]; then for d in $dns; do echo "nameserver $d"; done >$R/etc/resolv.conf; fi\n;;\nesac\n'
