@@ -400,7 +400,10 @@ elif [ -n "$cmd" ]; then
 	how="$dhc restarted as it ran ($*)"
 elif command -v udhcpc >/dev/null 2>&1; then
 	# One exchange, as a guest whose udhcpc quit after its lease did at
-	# boot; vmfork's event script applies the lease with two ip commands
+	# boot. Patient (up to 12 discovers 2 s apart, within the step's 30 s):
+	# libvirt's dnsmasq pings each address for ~3 s before it offers it,
+	# one offer at a time, so the third of three children waits ~9 s.
+	# vmfork's event script applies the lease with two ip commands
 	# (the first part flushed the old addresses).
 	s=$R/run/.vmfork-udhcpc.script
 	{
@@ -410,7 +413,7 @@ elif command -v udhcpc >/dev/null 2>&1; then
 		printf '\tif [ -n "$dns" ]; then for d in $dns; do echo "nameserver $d"; done >$R/etc/resolv.conf; fi\n;;\nesac\n'
 	} >"$s"
 	chmod 700 "$s"
-	udhcpc -i "$nic" -n -q -t 5 -T 1 -s "$s" </dev/null >"$log" 2>&1 || fail "udhcpc got no lease on $nic"
+	udhcpc -i "$nic" -n -q -t 12 -T 2 -s "$s" </dev/null >"$log" 2>&1 || fail "udhcpc got no lease on $nic"
 	how="udhcpc -q"
 elif command -v dhclient >/dev/null 2>&1; then
 	dhclient -4 -1 -pf "$R/run/dhclient.$nic.pid" -lf "$R/var/lib/dhcp/dhclient.$nic.leases" "$nic" </dev/null >"$log" 2>&1 || fail "dhclient got no lease on $nic"

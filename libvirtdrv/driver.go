@@ -41,6 +41,10 @@ type Driver struct {
 	StopGrace time.Duration
 	// AgentTimeout bounds waiting for a guest agent that should answer.
 	AgentTimeout time.Duration
+	// BootTimeout bounds a boot's wait for the guest agent when the
+	// command gives no deadline of its own (--timeout): long enough for a
+	// systemd guest under TCG on a loaded host, as the embedded driver's.
+	BootTimeout time.Duration
 }
 
 var (
@@ -64,7 +68,7 @@ func New(uri string, log *logrus.Entry) (*Driver, error) {
 	}
 	return &Driver{
 		uri: uri, conn: conn, log: log.WithField("driver", Name), QEMUConf: DefaultQEMUConf,
-		StopGrace: 10 * time.Second, AgentTimeout: 30 * time.Second,
+		StopGrace: 10 * time.Second, AgentTimeout: 30 * time.Second, BootTimeout: 5 * time.Minute,
 	}, nil
 }
 
@@ -89,6 +93,11 @@ func (d *Driver) Name() string { return Name }
 // record is the machine's definition; libvirt forgets a transient domain when
 // it stops, so nothing stale stays defined), and waits for the guest agent.
 func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
+	if len(m.Spec.Devices)+len(m.Spec.Objects) > 0 {
+		// A libvirt domain's devices are its XML's: add a <hostdev> to an
+		// adopted domain instead.
+		return fmt.Errorf("machine %q: --device and --object are for the embedded driver: %w", m.Name, vmfork.ErrInvalid)
+	}
 	if err := d.CheckNetwork(ctx, m); err != nil {
 		return err
 	}
@@ -123,7 +132,11 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 	if err := d.started(ctx, dom, m); err != nil {
 		return err
 	}
-	a, err := d.agent(ctx, dom, m)
+	wait := d.BootTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		wait = time.Until(dl)
+	}
+	a, err := d.agentWithin(ctx, dom, m, wait)
 	if err != nil {
 		return err
 	}
@@ -323,11 +336,16 @@ func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, erro
 }
 
 func (d *Driver) agent(ctx context.Context, dom *libvirt.Domain, m *vmfork.Machine) (*qmp.Agent, error) {
+	return d.agentWithin(ctx, dom, m, d.AgentTimeout)
+}
+
+// agentWithin is agent with its own bound on the wait.
+func (d *Driver) agentWithin(ctx context.Context, dom *libvirt.Domain, m *vmfork.Machine, wait time.Duration) (*qmp.Agent, error) {
 	if err := dom.Ref(); err != nil {
 		return nil, wrap(err)
 	}
 	a := qmp.NewAgent(&agentTransport{dom: dom}, qmp.WithLogger(d.log.WithField("machine", m.Name)))
-	ctx, cancel := context.WithTimeout(ctx, d.AgentTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
