@@ -1,0 +1,172 @@
+package vmfork
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vmfork/vmfork/overlay"
+)
+
+// keptFake makes a diskless kept template "golden" of source "web" in mg's
+// store by hand, with a sparse RAM file, device state and a kernel.
+func keptFake(t *testing.T, mg *Manager) *Template {
+	t.Helper()
+	tpl, err := mg.Store.NewTemplate("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := filepath.Join(t.TempDir(), "vmlinuz")
+	if err := os.WriteFile(kernel, []byte("kernel image"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ram, err := os.Create(tpl.Paths.RAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ram.Truncate(8 << 20)
+	ram.WriteAt(bytes.Repeat([]byte{7}, 4096), 1<<20)
+	ram.WriteAt(make([]byte, 8192), 3<<20) // data that is all zeros
+	ram.WriteAt([]byte("tail"), 8<<20-4)
+	ram.Close()
+	if err := os.WriteFile(tpl.Paths.DevState, []byte("device state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tpl.Paths.Disk = ""
+	tpl.Name, tpl.Driver, tpl.HasMemory = "golden", mg.Driver.Name(), true
+	tpl.Spec = Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}
+	tpl.Manifest = Manifest{QEMUVersion: "7.2.0", MemoryMiB: 256, CPUs: 1, Devices: []string{"-kernel " + kernel, "-device virtio-rng-pci"}}
+	if err := mg.Store.SaveTemplate(tpl); err != nil {
+		t.Fatal(err)
+	}
+	return tpl
+}
+
+// hostDriver is the fake driver that describes its host's QEMU.
+type hostDriver struct {
+	*fakeDriver
+	qemu string
+}
+
+func (d *hostDriver) HostManifest(ctx context.Context, t *Template) (Manifest, error) {
+	m := t.Manifest
+	m.QEMUVersion = d.qemu
+	return m, nil
+}
+
+func exportFake(t *testing.T) (string, *Template) {
+	t.Helper()
+	mg, _ := newTestManager(t)
+	tpl := keptFake(t, mg)
+	file := filepath.Join(t.TempDir(), "golden.vmt")
+	res, err := mg.Export(t.Context(), ExportRequest{Name: "golden", File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ID != tpl.ID || res.Logical < 8<<20 || res.Stored != int64(2*4096+len("device state")+len("kernel image")) || res.Archive <= 0 {
+		t.Fatalf("export = %+v, want %s with 8 MiB logical and only the non-zero pages stored", res, tpl.ID)
+	}
+	return file, tpl
+}
+
+// leftovers lists what is in the store besides its empty directories.
+func leftovers(t *testing.T, s *Store) []string {
+	t.Helper()
+	var out []string
+	for _, d := range []string{filepath.Join(s.StateDir, dirTemplates), s.MemDir} {
+		es, err := os.ReadDir(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range es {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func TestExportImportRoundTrip(t *testing.T) {
+	file, src := exportFake(t)
+	mg, _ := newTestManager(t)
+	res, err := mg.Import(t.Context(), ImportRequest{File: file, As: "copy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := mg.Store.FindKept("copy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ID != got.ID || got.Source != "web" || !got.HasMemory || got.Paths.Disk != "" {
+		t.Fatalf("imported %+v as %+v", res, got)
+	}
+	for _, p := range [][2]string{{src.Paths.RAM, got.Paths.RAM}, {src.Paths.DevState, got.Paths.DevState}, {src.Spec.Kernel, got.Spec.Kernel}} {
+		a, _ := os.ReadFile(p[0])
+		b, err := os.ReadFile(p[1])
+		if err != nil || !bytes.Equal(a, b) {
+			t.Errorf("%s differs from %s (%v)", p[1], p[0], err)
+		}
+	}
+	if alloc, _ := overlay.AllocatedBytes(got.Paths.RAM); alloc > 1<<20 {
+		t.Errorf("imported RAM file holds %d bytes, want it sparse", alloc)
+	}
+	if !strings.HasPrefix(got.Spec.Kernel, got.Paths.Dir) || got.Manifest.Devices[0] != "-kernel "+got.Spec.Kernel {
+		t.Errorf("kernel %s, devices %q: want both in the template's directory", got.Spec.Kernel, got.Manifest.Devices)
+	}
+	if _, err := mg.Import(t.Context(), ImportRequest{File: file, As: "copy"}); !errors.Is(err, ErrExists) {
+		t.Errorf("second import as copy: %v, want ErrExists", err)
+	}
+}
+
+func TestImportRefusesAndLeavesNothing(t *testing.T) {
+	file, _ := exportFake(t)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := bytes.Clone(data)
+	flipped[len(flipped)/2] ^= 0x40
+	cases := []struct {
+		name, want string
+		archive    []byte
+		driver     Driver
+	}{
+		{"flipped byte", "corrupted", flipped, nil},
+		{"truncated", "truncated", data[:len(data)*2/3], nil},
+		{"empty", "", nil, nil},
+		{"other driver", `needs driver "fake", this host runs "other"`, data, &namedDriver{newFakeDriver(), "other"}},
+		{"other QEMU", `QEMU version "7.2.0", this host has "9.0.0"`, data, &hostDriver{newFakeDriver(), "9.0.0"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mg, _ := newTestManager(t)
+			if c.driver != nil {
+				mg.Driver = c.driver
+			}
+			f := filepath.Join(t.TempDir(), "a.vmt")
+			if err := os.WriteFile(f, c.archive, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := mg.Import(t.Context(), ImportRequest{File: f})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("import: %v, want an error saying %q", err, c.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error is not one line: %q", err)
+			}
+			if l := leftovers(t, mg.Store); len(l) != 0 {
+				t.Errorf("the refused import left %v", l)
+			}
+		})
+	}
+}
+
+type namedDriver struct {
+	*fakeDriver
+	name string
+}
+
+func (d *namedDriver) Name() string { return d.name }

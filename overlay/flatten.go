@@ -1,0 +1,16 @@
+package overlay
+
+import "context"
+
+// Flatten writes the whole chain under top into one standalone qcow2 image
+// at path, with no backing file: only the clusters some layer holds are
+// written, so the image is as small as the data. top is opened read-only
+// with force-share: it is a frozen layer, never written, that running
+// children read as their backing. path must not exist.
+func Flatten(ctx context.Context, top, path string) error {
+	format, err := Format(top)
+	if err != nil {
+		return err
+	}
+	return run(ctx, qemuImg(), "convert", "-U", "-q", "-f", string(format), "-O", "qcow2", top, path)
+}
