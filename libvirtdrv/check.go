@@ -112,6 +112,11 @@ func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)
 		el := "<hostdev>"
 		if h.SubsysPCI != nil {
 			el = "<hostdev type='pci'>"
+			// Name the device: a domain may pass several through.
+			if src := h.SubsysPCI.Source; src != nil && src.Address != nil && src.Address.Bus != nil && src.Address.Slot != nil {
+				a := src.Address
+				el += fmt.Sprintf(" %04x:%02x:%02x.%x", deref(a.Domain), *a.Bus, *a.Slot, deref(a.Function))
+			}
 		}
 		add(el, "QEMU 7.2 cannot save a passed-through device's state", "detach it before the fork (virsh detach-device) and attach it again after")
 	}

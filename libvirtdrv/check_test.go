@@ -56,7 +56,7 @@ func TestCheck(t *testing.T) {
 		{"hostdev and no file RAM", func(s string) string {
 			s = strings.Replace(s, "<source type='file'/>", "", 1)
 			return strings.Replace(s, "<memballoon", "<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='5' slot='0' function='0'/></source></hostdev><memballoon", 1)
-		}, []string{"<memoryBacking><source type='file'/>", "<hostdev type='pci'>"}},
+		}, []string{"<memoryBacking><source type='file'/>", "<hostdev type='pci'> 0000:05:00.0"}},
 		{"libvirt network", func(s string) string { return strings.Replace(s, userNIC, networkNIC, 1) }, nil},
 		{"bridge", func(s string) string {
 			return strings.Replace(s, userNIC, "<interface type='bridge'>\n      <source bridge='br0'/>", 1)

@@ -93,6 +93,15 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		guid = m.VMGenID
 	}
 	add("-device", "vmgenid,id=vmgenid0,guid="+guid)
+	// Extra devices come last, so they move none of vmfork's own; a child
+	// gets the backends of every one (their RAM blocks are in the device
+	// state) but only the devices still plugged in at the freeze.
+	for _, o := range s.Objects {
+		add("-object", o)
+	}
+	for _, d := range s.Plugged() {
+		add("-device", d.Arg)
+	}
 	if opt.Incoming {
 		// After a load QEMU announces the NIC's configured MAC (the
 		// source's) with RARP frames, and has the guest announce its

@@ -28,7 +28,17 @@ network per machine, where --port works. bridge=BR puts the NIC on host
 bridge BR through a tap that vmfork makes and that goes with the machine;
 fork children get taps of their own on the same bridge and their own MAC
 and DHCP lease. network=NAME is a libvirt network (libvirt driver only);
-none is a NIC with nothing behind it.`,
+none is a NIC with nothing behind it.
+
+--device adds a QEMU device, as -device takes it, with an id: a device that
+may forbid forking the machine (a passed-through GPU, vfio-pci), which fork
+--detach-devices unplugs for the fork and plugs back after. Put it on the
+spare hot-plug port, bus=rp2, so that it can be unplugged. --object adds a
+backend such a device needs, as -object takes it; children get the objects
+but only the devices still plugged in.
+
+   vmfork boot gpu --disk /srv/debian.qcow2 \
+       --device vfio-pci,host=0000:65:00.0,id=gpu0,bus=rp2`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "kernel", Usage: "kernel image to boot directly"},
 		&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk for --kernel"},
@@ -38,6 +48,8 @@ none is a NIC with nothing behind it.`,
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
 		&cli.StringFlag{Name: "network", Usage: "what the NIC is plugged into: user, bridge=BRIDGE, network=NAME (libvirt) or none", Value: "user"},
+		&cli.StringSliceFlag{Name: "device", Usage: "extra QEMU device `DRIVER,id=ID[,PROP=VALUE...]` (-device syntax; embedded driver); repeatable"},
+		&cli.StringSliceFlag{Name: "object", Usage: "extra QEMU backend `TYPE,id=ID[,PROP=VALUE...]` a --device needs (-object syntax); repeatable"},
 		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
@@ -106,6 +118,14 @@ func bootSpec(cliCtx *cli.Context) (vmfork.Spec, error) {
 		}
 		spec.Ports = append(spec.Ports, pf)
 	}
+	for _, arg := range cliCtx.StringSlice("device") {
+		dev, err := vmfork.ParseDevice(arg)
+		if err != nil {
+			return spec, fmt.Errorf("--device: %w", err)
+		}
+		spec.Devices = append(spec.Devices, dev)
+	}
+	spec.Objects = cliCtx.StringSlice("object")
 	return spec, nil
 }
 

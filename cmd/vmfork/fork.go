@@ -68,6 +68,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		&cli.StringSliceFlag{Name: "skip-step", Usage: "do not run the identity step `NAME`; repeatable"},
 		&cli.StringSliceFlag{Name: "step-timeout", Usage: "bound identity step NAME to a duration, as `NAME=DURATION`; repeatable"},
 		&cli.StringSliceFlag{Name: "extra-step", Usage: "copy host script FILE into each child and run it as step NAME (namespaced, e.g. acme.setup) at the end, as `NAME=FILE`; repeatable"},
+		&cli.BoolFlag{Name: "detach-devices", Usage: "when the source's extra devices (boot --device) forbid the fork, unplug them for it and plug them back after; children get none"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
 		ttlFlag,
 		dryRunFlag,
@@ -81,13 +82,14 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 			return err
 		}
 		req := vmfork.ForkRequest{
-			Source:      cliCtx.Args().First(),
-			Names:       cliCtx.Args().Tail(),
-			Count:       cliCtx.Int("count"),
-			Prefix:      cliCtx.String("prefix"),
-			Parallel:    cliCtx.Int("parallel"),
-			MaxChildren: cliCtx.Int("max-children"),
-			TTL:         cliCtx.Duration("ttl"),
+			Source:        cliCtx.Args().First(),
+			Names:         cliCtx.Args().Tail(),
+			Count:         cliCtx.Int("count"),
+			Prefix:        cliCtx.String("prefix"),
+			Parallel:      cliCtx.Int("parallel"),
+			MaxChildren:   cliCtx.Int("max-children"),
+			TTL:           cliCtx.Duration("ttl"),
+			DetachDevices: cliCtx.Bool("detach-devices"),
 		}
 		if cliCtx.IsSet("count") && req.Count < 1 {
 			return usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
