@@ -31,7 +31,7 @@ of MiB; the pool is refilled at the end of every fork from the template.
    vmfork template ls
    vmfork template pool golden 8
    vmfork template rm golden`,
-	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand},
+	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand, templateExportCommand, templateImportCommand},
 }
 
 var templateSaveCommand = &cli.Command{
