@@ -74,6 +74,47 @@ func CanRemap(pid int) error {
 	return nil
 }
 
+// DropShared drops the page-table entries of shared file mapping m while its
+// process runs, chunk bytes per injected madvise(MADV_DONTNEED) (each stops
+// the process's main thread for about as long as the kernel takes for that
+// chunk; the guest's vCPUs run on). The data stays in the file: a shared
+// mapping refaults from it. Remap must unmap every page the mapping still
+// maps, about 1 µs each here, so dropping them before the pause leaves the
+// pause only those the guest touched since. Never for a private mapping,
+// whose private pages it would discard.
+func DropShared(m Mapping, chunk int64) error {
+	if !m.Shared {
+		return fmt.Errorf("drop pages of pid %d: a private mapping holds the guest's own writes", m.PID)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- dropShared(m, chunk)
+	}()
+	return <-errc
+}
+
+func dropShared(m Mapping, chunk int64) error {
+	for off := int64(0); off < m.Size(); off += chunk {
+		n := min(chunk, m.Size()-off)
+		t, err := seize(m.PID)
+		if err != nil {
+			return fmt.Errorf("drop pages of pid %d: %w", m.PID, err)
+		}
+		got, err := t.call(unix.SYS_MADVISE, m.Start+uintptr(off), uintptr(n), unix.MADV_DONTNEED)
+		if err == nil && got != 0 {
+			err = fmt.Errorf("madvise: %w", callErr(got))
+		}
+		if rerr := t.release(); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		if err != nil {
+			return fmt.Errorf("drop pages of pid %d: %w", m.PID, err)
+		}
+	}
+	return nil
+}
+
 func remap(m Mapping, fd, blockFD int) error {
 	t, err := seize(m.PID)
 	if err != nil {

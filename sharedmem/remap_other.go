@@ -15,3 +15,6 @@ func Remap(m Mapping, fd, blockFD int) error {
 
 // CanRemap always fails on this architecture.
 func CanRemap(pid int) error { return errors.New("remapping guest RAM needs x86-64") }
+
+// DropShared always fails on this architecture.
+func DropShared(m Mapping, chunk int64) error { return errors.New("remapping guest RAM needs x86-64") }
