@@ -48,7 +48,7 @@ func keptFake(t *testing.T, mg *Manager) *Template {
 
 // hostDriver is the fake driver that describes its host's QEMU.
 type hostDriver struct {
-	*fakeDriver
+	*linkDriver
 	qemu string
 }
 
@@ -138,7 +138,7 @@ func TestImportRefusesAndLeavesNothing(t *testing.T) {
 		{"truncated", "truncated", data[:len(data)*2/3], nil},
 		{"empty", "", nil, nil},
 		{"other driver", `needs driver "fake", this host runs "other"`, data, &namedDriver{newFakeDriver(), "other"}},
-		{"other QEMU", `QEMU version "7.2.0", this host has "9.0.0"`, data, &hostDriver{newFakeDriver(), "9.0.0"}},
+		{"other QEMU", `QEMU version "7.2.0", this host has "9.0.0"`, data, &hostDriver{&linkDriver{fakeDriver: newFakeDriver()}, "9.0.0"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

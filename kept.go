@@ -162,6 +162,13 @@ func (mg *Manager) SetPool(ctx context.Context, name string, size int) (*Templat
 		return nil, err
 	}
 	defer unlock()
+	if size > 0 {
+		// Pool members load the template: refuse one that does not fit
+		// this host before starting any (compat.go).
+		if err := mg.CheckTemplate(ctx, t); err != nil {
+			return nil, fmt.Errorf("template %q: %w", name, err)
+		}
+	}
 	t.PoolSize = size
 	if err := mg.Store.SaveTemplate(t); err != nil {
 		return nil, err
@@ -254,6 +261,11 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 // t's name. Pool members become the first children; the pool is refilled
 // once every child is up.
 func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest, t *Template) (*ForkResult, error) {
+	// A template copied from another host, or kept across an upgrade of
+	// QEMU, is refused here, before any child is reserved (compat.go).
+	if err := mg.CheckTemplate(ctx, t); err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
 	if !t.HasMemory {
 		return nil, fmt.Errorf("fork %q: template %s holds no memory: %w", req.Source, t.ID, ErrInvalid)
 	}
