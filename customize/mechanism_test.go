@@ -249,6 +249,7 @@ var dhclientCmd = []string{"/sbin/dhclient", "-4", "-v", "-i", "-pf", "/run/dhcl
 // nicTree gives the tree an vmfk-test0 (ifindex 2) and an ip that shows addr for it.
 func nicTree(g *guestTree, addr string) {
 	g.file("/sys/class/net/vmfk-test0/ifindex", "2\n")
+	g.file("/sys/class/net/vmfk-test0/operstate", "up\n")
 	g.file("/proc/sys/net/ipv4/conf/vmfk-test0/arp_notify", "0\n")
 	g.stub("ip", `case "$*" in *"addr show"*) echo "2: vmfk-test0    inet `+addr+` brd 10.0.2.255 scope global vmfk-test0" ;; esac`)
 }

@@ -374,6 +374,16 @@ wait_for() {
 	done
 }
 has_v4() { case $(ip -4 -o addr show dev "$nic" scope global 2>/dev/null) in *inet*) return 0 ;; esac; return 1; }
+# The kernel applies a carrier change in its link-watch work, up to a second
+# after it, and drops what is sent before: a client's first DHCPDISCOVER
+# would be lost, and ISC dhclient waits seconds before it tries again. So
+# wait (bounded) until the NIC's operstate says up.
+op_up() { read -r o <"$R/sys/class/net/$nic/operstate" 2>/dev/null && { [ "$o" = up ] || [ "$o" = unknown ]; }; }
+n=0
+until op_up || [ "$n" -ge 60 ]; do
+	sleep 0.02
+	n=$((n + 1))
+done
 if [ $# -gt 0 ]; then
 	"$@" </dev/null >"$log" 2>&1 || fail "network.dhcp_command $1 failed"
 	how="dhcp_command $1"
