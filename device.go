@@ -95,6 +95,47 @@ func (s *Spec) Plugged() []Device {
 	return out
 }
 
+// Uses reports whether the device names object id in one of its
+// properties (memdev=ID, chardev=ID, ...).
+func (d Device) Uses(id string) bool {
+	for _, kv := range strings.Split(d.Arg, ",")[1:] {
+		if k, v, _ := strings.Cut(kv, "="); k != "id" && v == id {
+			return true
+		}
+	}
+	return false
+}
+
+// ObjectID is the id of a --object value.
+func ObjectID(o string) string {
+	for _, kv := range strings.Split(o, ",")[1:] {
+		if k, v, _ := strings.Cut(kv, "="); k == "id" {
+			return v
+		}
+	}
+	return ""
+}
+
+// ActiveObjects is the objects that exist while the plugged devices do: an
+// object only detached devices use goes with them (a RAM backend's block
+// keeps its device's name after an unplug, and QEMU 7.2 asserts when
+// the device is plugged back onto it, so the object is made anew).
+func (s *Spec) ActiveObjects() []string {
+	var out []string
+	for _, o := range s.Objects {
+		used, plugged := false, false
+		for _, d := range s.Devices {
+			if d.Uses(ObjectID(o)) {
+				used, plugged = true, plugged || !d.Detached
+			}
+		}
+		if !used || plugged {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 // inheritDevices gives fork children their template's devices: those its
 // freeze unplugged from the source are detached in the children, whose
 // device configuration must match the saved device state.

@@ -94,9 +94,9 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	}
 	add("-device", "vmgenid,id=vmgenid0,guid="+guid)
 	// Extra devices come last, so they move none of vmfork's own; a child
-	// gets the backends of every one (their RAM blocks are in the device
-	// state) but only the devices still plugged in at the freeze.
-	for _, o := range s.Objects {
+	// gets only the devices still plugged in at the freeze, and their
+	// backends (a RAM backend's block is in the device state).
+	for _, o := range s.ActiveObjects() {
 		add("-object", o)
 	}
 	for _, d := range s.Plugged() {

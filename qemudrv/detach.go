@@ -22,11 +22,12 @@ const detachTimeout = 90 * time.Second
 // the source (query-migrate blocked-reasons), it refuses the fork in one line
 // that names the extra devices, or, when the fork asked for it
 // (t.DetachDevices), unplugs them all, waits until the guest has released
-// each, and checks that nothing blocks any more. The source's record and the
-// template's spec then have the devices detached, so the manifest and the
-// children have none of them. replug plugs them back into the source with the
-// same arguments, after the freeze whatever its outcome; a device it cannot
-// plug back stays detached in the source's record, with a warning.
+// each, deletes the objects only they used, and checks that nothing blocks
+// any more. The source's record and the template's spec then have the
+// devices detached, so the manifest and the children have none of them.
+// replug makes the objects and plugs the devices back into the source with
+// the same arguments, after the freeze whatever its outcome; a device it
+// cannot plug back stays detached in the source's record, with a warning.
 func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template) (replug func(context.Context), err error) {
 	replug = func(context.Context) {}
 	reasons, err := blockedReasons(ctx, mon)
@@ -49,11 +50,17 @@ func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfor
 	src.Spec.Devices = slices.Clone(src.Spec.Devices)
 	t.Spec.Devices = slices.Clone(src.Spec.Devices)
 	var unplugged []int
+	var objects []string // deleted with their devices, in order
 	replug = func(ctx context.Context) {
 		// Not under the caller's ctx alone: the devices go back also after
 		// a cancel.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), detachTimeout)
 		defer cancel()
+		for _, o := range objects {
+			if err := hmp(rctx, mon, "object_add "+o); err != nil {
+				d.log.WithField("machine", src.Name).WithError(err).Warnf("object %s not made again", vmfork.ObjectID(o))
+			}
+		}
 		for _, i := range unplugged {
 			dev := &src.Spec.Devices[i]
 			if err := hmp(rctx, mon, "device_add "+dev.Arg); err != nil {
@@ -73,6 +80,22 @@ func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		}
 		unplugged = append(unplugged, i)
 		src.Spec.Devices[i].Detached, t.Spec.Devices[i].Detached = true, true
+	}
+	// The backends only the unplugged devices used go too: see
+	// Spec.ActiveObjects.
+	active := map[string]bool{}
+	for _, o := range src.Spec.ActiveObjects() {
+		active[o] = true
+	}
+	for _, o := range src.Spec.Objects {
+		if active[o] {
+			continue
+		}
+		if err = mon.Execute(ctx, "object-del", map[string]any{"id": vmfork.ObjectID(o)}, nil); err != nil {
+			replug(ctx)
+			return func(context.Context) {}, fmt.Errorf("delete object %s of a detached device: %w", vmfork.ObjectID(o), err)
+		}
+		objects = append(objects, o)
 	}
 	if reasons, err = blockedReasons(ctx, mon); err == nil && len(reasons) > 0 {
 		err = fmt.Errorf("%w with its devices detached: %s: %w", qmp.ErrMigrationBlocked, strings.Join(reasons, "; "), vmfork.ErrUnsupported)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -48,8 +49,8 @@ but only the devices still plugged in.
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
 		&cli.StringFlag{Name: "network", Usage: "what the NIC is plugged into: user, bridge=BRIDGE, network=NAME (libvirt) or none", Value: "user"},
-		&cli.StringSliceFlag{Name: "device", Usage: "extra QEMU device `DRIVER,id=ID[,PROP=VALUE...]` (-device syntax; embedded driver); repeatable"},
-		&cli.StringSliceFlag{Name: "object", Usage: "extra QEMU backend `TYPE,id=ID[,PROP=VALUE...]` a --device needs (-object syntax); repeatable"},
+		&cli.GenericFlag{Name: "device", Value: &wholeValues{}, Usage: "extra QEMU device `DRIVER,id=ID[,PROP=VALUE...]` (-device syntax; embedded driver); repeatable"},
+		&cli.GenericFlag{Name: "object", Value: &wholeValues{}, Usage: "extra QEMU backend `TYPE,id=ID[,PROP=VALUE...]` a --device needs (-object syntax); repeatable"},
 		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
@@ -118,14 +119,14 @@ func bootSpec(cliCtx *cli.Context) (vmfork.Spec, error) {
 		}
 		spec.Ports = append(spec.Ports, pf)
 	}
-	for _, arg := range cliCtx.StringSlice("device") {
+	for _, arg := range wholeValuesOf(cliCtx, "device") {
 		dev, err := vmfork.ParseDevice(arg)
 		if err != nil {
 			return spec, fmt.Errorf("--device: %w", err)
 		}
 		spec.Devices = append(spec.Devices, dev)
 	}
-	spec.Objects = cliCtx.StringSlice("object")
+	spec.Objects = wholeValuesOf(cliCtx, "object")
 	return spec, nil
 }
 
@@ -137,4 +138,18 @@ func absPath(p string) string {
 		return a
 	}
 	return p
+}
+
+// wholeValues is a repeatable flag whose values keep their commas, as QEMU's
+// -device and -object values need (a StringSliceFlag splits them).
+type wholeValues []string
+
+func (w *wholeValues) Set(v string) error { *w = append(*w, v); return nil }
+func (w *wholeValues) String() string     { return strings.Join(*w, " ") }
+
+func wholeValuesOf(cliCtx *cli.Context, name string) []string {
+	if w, ok := cliCtx.Generic(name).(*wholeValues); ok {
+		return *w
+	}
+	return nil
 }
