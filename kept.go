@@ -19,8 +19,8 @@ import (
 // template names share the namespace of machine names, so `fork NAME` is
 // never ambiguous.
 
-// KeepRequest asks to keep running machine Source's current instant as
-// template Name.
+// KeepRequest asks to keep machine Source's current instant (a stopped
+// machine's: its disk) as template Name.
 type KeepRequest struct {
 	Source string
 	Name   string
@@ -62,8 +62,10 @@ func (s *Store) FindKept(name string) (*Template, error) {
 	return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
 }
 
-// Keep freezes running machine req.Source into a template kept as req.Name
-// and starts its warm pool. The source pauses as for a fork and runs on.
+// Keep freezes machine req.Source into a template kept as req.Name and
+// starts its warm pool. A running source pauses as for a fork and runs on;
+// a stopped source's template holds only its disk, and children of it boot
+// fresh from a copy-on-write overlay.
 // When only the pool fails the template is kept and the error wraps
 // ErrPartial.
 func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err error) {
@@ -113,8 +115,17 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	if src.Driver != mg.Driver.Name() {
 		return nil, fmt.Errorf("keep %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
 	}
-	if src.State != StateRunning {
-		return nil, fmt.Errorf("keep %q: machine is %s; only a running machine's instant can be kept: %w", src.Name, src.State, ErrInvalid)
+	live := src.State == StateRunning
+	if !live && src.State != StateStopped {
+		return nil, fmt.Errorf("keep %q: machine is %s; only a running or stopped machine can be kept: %w", src.Name, src.State, ErrInvalid)
+	}
+	if !live && src.Adopted != nil {
+		// As for a fork: a stopped adopted machine's record holds too
+		// little of its own definition to boot children from.
+		return nil, fmt.Errorf("keep %q: an adopted machine is kept only while it runs, and it is %s: %w", src.Name, src.State, ErrInvalid)
+	}
+	if !live && req.Pool > 0 {
+		return nil, fmt.Errorf("keep %q: the machine is stopped, so its template holds only its disk and children boot fresh: no warm pool (use --pool 0): %w", src.Name, ErrInvalid)
 	}
 	f, err := mg.prepareFork(src, nil)
 	if err != nil {
@@ -124,7 +135,11 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	t.Name, t.PoolSize = req.Name, req.Pool
 	if err = mg.Store.SaveTemplate(t); err == nil {
 		Fault(FaultSaveReserved, src.PID)
-		if err = mg.preFork(ctx, src, req.Identity); err == nil {
+		if !live {
+			// Disk only: the disk moves into the template, the source
+			// gets an overlay on it (fork.go).
+			err = mg.freezeStopped(ctx, src, t)
+		} else if err = mg.preFork(ctx, src, req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, forker, src, t)
 		}
 	}
@@ -266,9 +281,6 @@ func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest,
 	if err := mg.CheckTemplate(ctx, t); err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	if !t.HasMemory {
-		return nil, fmt.Errorf("fork %q: template %s holds no memory: %w", req.Source, t.ID, ErrInvalid)
-	}
 	names, err := mg.childNames(req)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
@@ -287,7 +299,9 @@ func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest,
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	mg.applyForkTTL(ctx, req.TTL, children)
-	results := mg.startChildren(ctx, forker, t, children, true, req)
+	// A template of a stopped machine holds only its disk: its children
+	// boot fresh from an overlay on it.
+	results := mg.startChildren(ctx, forker, t, children, t.HasMemory, req)
 	done()
 	res, err := mg.forkOutcome(req.Source, t, children, results)
 	res.PauseMS = 0 // nothing was paused: the source paid at the save
