@@ -3,15 +3,22 @@
 // freeze (window.go), which both drivers use to keep a source from ever
 // being left paused.
 //
-// A forkable machine maps its RAM file on tmpfs share=on: the file is the
-// guest's memory. Freeze copies that file, while the guest is paused, into a
-// new template file: only the allocated extents (tmpfs keeps untouched guest
-// pages as holes), to a temporary name, renamed into place when complete.
+// A booted machine maps its RAM file on tmpfs share=on: the file is the
+// guest's memory. A freeze does not copy it while the guest is paused: the
+// file becomes the template, and the paused QEMU is remapped in place
+// (Remap, remap_linux_amd64.go) to a private copy-on-write mapping of it at
+// the same address, so that the guest's later writes go to private pages.
+// A machine mapped that way is frozen again by copying its frozen file
+// before the pause and only its private pages (CopyPrivate, found in
+// /proc/PID/pagemap) in it. Freeze, a copy of the whole file in the pause,
+// remains for QEMUs that cannot be remapped.
 //
 // A frozen template file is never written again: not by vmfork, and not by
-// the children, which map it share=off (MAP_PRIVATE) so that their writes go
-// to private copy-on-write pages. On Linux, changes to a file show through a
+// the children, which map it privately, so that their writes go to private
+// copy-on-write pages. On Linux, changes to a file show through a
 // MAP_PRIVATE mapping for pages a child has not written yet, so any later
 // write, truncation or hole punched in a template would silently corrupt
-// every child. The file is only ever removed, when no child maps it.
+// every child. The file is only ever removed, when no child maps it; a file
+// that no longer has a template's name and that no other process maps
+// (Exclusive) is its source's own again.
 package sharedmem
