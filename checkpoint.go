@@ -1,0 +1,244 @@
+package vmfork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/customize"
+	"github.com/vmfork/vmfork/overlay"
+)
+
+// A checkpoint is a kept template of a running machine's instant (kept.go);
+// the machine runs on. A rewind replaces the machine's QEMU by a fork of a
+// checkpoint that takes the machine's place: its name, directory, record,
+// guest MAC, host ports and lineage stay, and its identity is applied again
+// (clock, vmgenid, hostname, MAC). A rewind to the machine's own checkpoint
+// keeps the machine-id and SSH host keys the checkpoint holds, which are the
+// machine's own; a forced rewind to another machine's checkpoint gives it
+// fresh ones.
+
+// CheckpointRequest asks to keep running machine Machine's instant as
+// template As (default: the next free "<machine>-cpN").
+type CheckpointRequest struct {
+	Machine  string
+	As       string
+	Identity IdentityOptions
+}
+
+// Checkpoint keeps running machine req.Machine's current instant as a
+// template; the machine pauses as for a fork and runs on.
+func (mg *Manager) Checkpoint(ctx context.Context, req CheckpointRequest) (*Template, error) {
+	m, err := mg.Get(ctx, req.Machine)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if m.State != StateRunning {
+		return nil, fmt.Errorf("checkpoint %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
+	}
+	name := req.As
+	if name == "" {
+		if name, err = mg.nextCheckpointName(m.Name); err != nil {
+			return nil, fmt.Errorf("checkpoint %q: %w", m.Name, err)
+		}
+	}
+	return mg.Keep(ctx, KeepRequest{Source: m.Name, Name: name, Identity: req.Identity})
+}
+
+func (mg *Manager) nextCheckpointName(machine string) (string, error) {
+	for n := 1; n < 1<<20; n++ {
+		name := fmt.Sprintf("%s-cp%d", machine, n)
+		if err := ValidateName(name); err != nil {
+			return "", fmt.Errorf("no checkpoint name fits (give one with --as): %w", err)
+		}
+		_, merr := mg.Store.LoadMachine(name)
+		_, terr := mg.Store.FindKept(name)
+		if errors.Is(merr, ErrNotFound) && errors.Is(terr, ErrNotFound) {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("no free checkpoint name: %w", ErrExists)
+}
+
+// Checkpoints lists the kept templates of machine's instants, oldest first.
+func (mg *Manager) Checkpoints(ctx context.Context, machine string) ([]TemplateStatus, error) {
+	if err := ValidateName(machine); err != nil {
+		return nil, err
+	}
+	all, err := mg.Templates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []TemplateStatus{}
+	for _, t := range all {
+		if t.Name != "" && t.Source == machine {
+			out = append(out, t)
+		}
+	}
+	slices.SortFunc(out, func(a, b TemplateStatus) int { return a.Created.Compare(b.Created) })
+	return out, nil
+}
+
+// RewindRequest asks to replace machine Machine's live state with kept
+// template To's. Force allows a template of another machine.
+type RewindRequest struct {
+	Machine  string
+	To       string
+	Force    bool
+	Identity IdentityOptions
+}
+
+// Rewind replaces req.Machine's QEMU by a fork of kept template req.To
+// that takes the machine's place. Everything that can be checked is checked
+// before the machine's process is ended; if the new process then fails to
+// come up, the machine is left stopped on its old disk and the error says
+// so.
+func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult, error) {
+	forker, ok := mg.Driver.(Forker)
+	if !ok {
+		return nil, fmt.Errorf("rewind %q: driver %q: %w", req.Machine, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := ValidateName(req.Machine); err != nil {
+		return nil, fmt.Errorf("rewind: %w", err)
+	}
+	if err := req.Identity.ValidateFor(1); err != nil {
+		return nil, fmt.Errorf("rewind %q: %w", req.Machine, err)
+	}
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
+	}
+	// The template's name first, then the machine's: the order Keep takes.
+	t, unlockT, err := mg.lockKept(ctx, req.To)
+	if err != nil {
+		return nil, fmt.Errorf("rewind %q: %w", req.Machine, err)
+	}
+	defer unlockT()
+	unlock, err := mg.Store.Lock(ctx, req.Machine)
+	if err != nil {
+		return nil, fmt.Errorf("rewind %q: %w", req.Machine, err)
+	}
+	defer unlock()
+	m, err := mg.Get(ctx, req.Machine)
+	if err != nil {
+		return nil, fmt.Errorf("rewind: %w", err)
+	}
+	if err := mg.checkRewind(ctx, m, t, req.Force); err != nil {
+		return nil, fmt.Errorf("rewind %q to %q: %w", m.Name, req.To, err)
+	}
+	opts := req.Identity
+	own := t.Source == m.Name
+	if own {
+		// The checkpoint's machine-id and host keys are this machine's.
+		opts.Spec.Skip = append(slices.Clone(opts.Spec.Skip), customize.StepMachineID, customize.StepSSHHostKeys)
+	}
+	old := *m
+	if m.State == StateRunning {
+		if err := mg.Driver.Stop(ctx, m, true); err != nil {
+			return nil, fmt.Errorf("rewind %q: stop the machine: %w", m.Name, err)
+		}
+	}
+	old.State, old.PID = StateStopped, 0
+	restore := func(err error) (*ChildResult, error) {
+		if serr := mg.Store.SaveMachine(&old); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		return nil, fmt.Errorf("rewind %q to %q: %w (the machine is stopped on its disk from before the rewind)", m.Name, req.To, err)
+	}
+	if err := mg.Store.SaveMachine(&old); err != nil {
+		return restore(err)
+	}
+	c, err := mg.rewoundMachine(ctx, &old, t, opts)
+	if err != nil {
+		return restore(err)
+	}
+	log := mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": t.ID})
+	dropDisk := func() {
+		if c.Paths.Disk != "" && c.Paths.Disk != old.Paths.Disk {
+			os.Remove(c.Paths.Disk)
+		}
+	}
+	if err := forker.StartChild(ctx, c, t); err != nil {
+		dropDisk()
+		return restore(err)
+	}
+	res := ChildResult{Name: c.Name, PID: c.PID, Ports: c.Spec.Ports}
+	id, err := mg.applyIdentity(ctx, c, t, 1, true, opts)
+	res.Identity = id
+	if err != nil {
+		mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+		dropDisk()
+		return restore(fmt.Errorf("identity: %w", err))
+	}
+	c.State, res.State = StateRunning, StateRunning
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return &res, err
+	}
+	if c.Paths.Disk != "" {
+		overlay.RemoveOldTops(c.Paths.Dir, c.Paths.Disk)
+	}
+	log.Info("machine rewound")
+	mg.collectTemplates(ctx)
+	return &res, nil
+}
+
+// checkRewind refuses what would fail or surprise, before m is touched.
+func (mg *Manager) checkRewind(ctx context.Context, m *Machine, t *Template, force bool) error {
+	if m.Driver != mg.Driver.Name() {
+		return fmt.Errorf("machine belongs to driver %q: %w", m.Driver, ErrInvalid)
+	}
+	if m.State != StateRunning && m.State != StateStopped {
+		return fmt.Errorf("machine is %s: %w", m.State, ErrInvalid)
+	}
+	if m.Adopted != nil {
+		return fmt.Errorf("an adopted machine's own definition is not vmfork's to replace: %w", ErrUnsupported)
+	}
+	if !t.HasMemory {
+		return fmt.Errorf("template %s holds only a disk (a stopped machine's); a rewind needs an instant with memory: %w", t.ID, ErrInvalid)
+	}
+	if t.Source != m.Name && !force {
+		return fmt.Errorf("template %s is a checkpoint of machine %q, not of %q (--force takes it anyway, with a fresh machine-id and host keys): %w", t.ID, t.Source, m.Name, ErrInvalid)
+	}
+	if (t.Spec.Disk == "") != (m.Spec.Disk == "") {
+		return fmt.Errorf("the template and the machine differ in having a disk: %w", ErrInvalid)
+	}
+	return mg.CheckTemplate(ctx, t)
+}
+
+// rewoundMachine is machine m's record as a child of t: m's name, files,
+// host ports, guest MAC and lineage, t's device configuration (its network
+// too: the NIC's kind is in the device state), RAM and a new
+// disk overlay on t's frozen disk (a new name: QEMU reopens images by name).
+func (mg *Manager) rewoundMachine(ctx context.Context, m *Machine, t *Template, opts IdentityOptions) (*Machine, error) {
+	c := *m
+	c.State, c.PID, c.Accel = StateCreating, 0, t.Accel
+	c.Spec = t.Spec
+	c.Spec.Ports = slices.Clone(m.Spec.Ports)
+	c.Template = t.ID
+	c.Paths.RAM, c.Paths.RAMShared = t.Paths.RAM, false
+	if err := mg.prepareIdentity(&c, t, 1, opts); err != nil {
+		return nil, err
+	}
+	c.GuestMAC = m.GuestMAC
+	if c.GuestMAC == "" {
+		c.GuestMAC = m.Spec.MAC
+	}
+	if t.Paths.Disk != "" {
+		next, err := overlay.NextTop(m.Paths.Dir)
+		if err != nil {
+			return nil, err
+		}
+		if err := overlay.Create(ctx, t.Paths.Disk, next); err != nil {
+			return nil, err
+		}
+		c.Paths.Disk = next
+	}
+	if err := mg.Store.SaveMachine(&c); err != nil {
+		os.Remove(c.Paths.Disk)
+		return nil, err
+	}
+	return &c, nil
+}
