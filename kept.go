@@ -115,17 +115,9 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	if src.Driver != mg.Driver.Name() {
 		return nil, fmt.Errorf("keep %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
 	}
-	live := src.State == StateRunning
-	if !live && src.State != StateStopped {
-		return nil, fmt.Errorf("keep %q: machine is %s; only a running or stopped machine can be kept: %w", src.Name, src.State, ErrInvalid)
-	}
-	if !live && src.Adopted != nil {
-		// As for a fork: a stopped adopted machine's record holds too
-		// little of its own definition to boot children from.
-		return nil, fmt.Errorf("keep %q: an adopted machine is kept only while it runs, and it is %s: %w", src.Name, src.State, ErrInvalid)
-	}
-	if !live && req.Pool > 0 {
-		return nil, fmt.Errorf("keep %q: the machine is stopped, so its template holds only its disk and children boot fresh: no warm pool (use --pool 0): %w", src.Name, ErrInvalid)
+	live, err := checkKeepSource(src, req.Pool)
+	if err != nil {
+		return nil, err
 	}
 	f, err := mg.prepareFork(src, nil)
 	if err != nil {
@@ -157,6 +149,25 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 		return t, fmt.Errorf("keep %q: %w: %w", src.Name, err, ErrPartial)
 	}
 	return t, nil
+}
+
+// checkKeepSource checks that src can be kept, with a pool of the given
+// size, and reports whether it runs: a stopped machine's template holds
+// only its disk.
+func checkKeepSource(src *Machine, pool int) (live bool, err error) {
+	live = src.State == StateRunning
+	if !live && src.State != StateStopped {
+		return false, fmt.Errorf("keep %q: machine is %s; only a running or stopped machine can be kept: %w", src.Name, src.State, ErrInvalid)
+	}
+	if !live && src.Adopted != nil {
+		// As for a fork: a stopped adopted machine's record holds too
+		// little of its own definition to boot children from.
+		return false, fmt.Errorf("keep %q: an adopted machine is kept only while it runs, and it is %s: %w", src.Name, src.State, ErrInvalid)
+	}
+	if !live && pool > 0 {
+		return false, fmt.Errorf("keep %q: the machine is stopped, so its template holds only its disk and children boot fresh: no warm pool (use --pool 0): %w", src.Name, ErrInvalid)
+	}
+	return live, nil
 }
 
 func checkPoolSize(n int) error {

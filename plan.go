@@ -181,11 +181,16 @@ func (mg *Manager) PlanKeep(ctx context.Context, req KeepRequest) (*Plan, error)
 	if src.Driver != mg.Driver.Name() {
 		return nil, fmt.Errorf("keep %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
 	}
-	if src.State != StateRunning {
-		return nil, fmt.Errorf("keep %q: machine is %s; only a running machine's instant can be kept: %w", src.Name, src.State, ErrInvalid)
+	live, err := checkKeepSource(src, req.Pool)
+	if err != nil {
+		return nil, err
 	}
-	p := &Plan{Command: "template save", Changed: true, Source: src.Name, Template: req.Name, SourcePauses: true}
-	p.add("pause running machine %q for a fraction of a second and keep that instant as template %q; it carries on", src.Name, req.Name)
+	p := &Plan{Command: "template save", Changed: true, Source: src.Name, Template: req.Name, SourcePauses: live}
+	if live {
+		p.add("pause running machine %q for a fraction of a second and keep that instant as template %q; it carries on", src.Name, req.Name)
+	} else {
+		p.add("keep stopped machine %q's disk as template %q (children boot fresh from it); the machine gets an overlay on it", src.Name, req.Name)
+	}
 	if req.Pool > 0 {
 		p.add("start %d warm-pool processes of template %q", req.Pool, req.Name)
 	}

@@ -87,7 +87,7 @@ func TestDryRunMatchesRealRun(t *testing.T) {
 		{[]string{"fork"}, []string{"--count", "0", "web"}},
 		{[]string{"fork"}, []string{"web", "a", "a"}},
 		{[]string{"fork"}, []string{"--count", "2", "--hostname", "x-{bogus}", "web"}},
-		{[]string{"template", "save"}, []string{"web", "golden"}},
+		{[]string{"template", "save"}, []string{"--pool", "1", "web", "golden"}}, // web is stopped: disk only, no pool
 		{[]string{"template", "save"}, []string{"--pool", "1000", "web", "golden"}},
 		{[]string{"template", "rm"}, []string{"golden"}},
 		{[]string{"rm"}, []string{"nope"}},
