@@ -1,0 +1,136 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+)
+
+var checkpointCommand = &cli.Command{
+	Name:      "checkpoint",
+	Usage:     "keep running machine NAME's instant as a template, to rewind to later",
+	ArgsUsage: "NAME",
+	Description: `Freezes NAME (a pause of a fraction of a second, as for a fork) into a kept
+template named --as T, or NAME-cpN; NAME runs on. "vmfork rewind NAME --to T"
+later puts NAME back to that instant; "vmfork fork T" makes children of it.
+"checkpoint ls NAME" lists NAME's kept instants; "template rm T" gives one up.
+
+   vmfork checkpoint agent --as before-step
+   vmfork checkpoint ls agent
+   vmfork rewind agent --to before-step`,
+	Flags:       []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, jsonFlag},
+	Subcommands: []*cli.Command{checkpointLsCommand},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{errors.New("checkpoint needs a running machine: vmfork checkpoint NAME [--as T]")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		t, err := mg.Checkpoint(ctx, vmfork.CheckpointRequest{Machine: cliCtx.Args().First(), As: cliCtx.String("as")})
+		if t == nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			st, _ := mg.Checkpoints(ctx, t.Source)
+			for _, s := range st {
+				if s.ID == t.ID {
+					if perr := printJSON(s); perr != nil {
+						return perr
+					}
+				}
+			}
+			return err
+		}
+		fmt.Printf("checkpoint %s of %s (%s; paused %.1f ms)\n", t.Name, t.Source, t.ID, t.PauseMS)
+		return err
+	},
+}
+
+var checkpointLsCommand = &cli.Command{
+	Name:      "ls",
+	Usage:     "list machine NAME's checkpoints (its kept instants), oldest first",
+	ArgsUsage: "NAME",
+	Flags:     []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{errors.New("checkpoint ls needs a machine: vmfork checkpoint ls NAME")}
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		cps, err := mg.Checkpoints(ctx, cliCtx.Args().First())
+		if err != nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(cps)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tID\tMEMORY\tCHILDREN\tCREATED")
+		for _, c := range cps {
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\n", c.Name, c.ID, c.HasMemory, c.Children, c.Created.Local().Format("2006-01-02 15:04:05"))
+		}
+		return tw.Flush()
+	},
+}
+
+var rewindCommand = &cli.Command{
+	Name:      "rewind",
+	Usage:     "put machine NAME back to the instant of checkpoint T",
+	ArgsUsage: "NAME",
+	Description: `Replaces NAME's running state (RAM, devices, disk) by checkpoint T's: NAME's
+QEMU ends and a fork of T takes its place, with NAME's name, guest MAC, host
+ports and lineage. Its identity is applied again (clock, vmgenid, hostname,
+MAC); the machine-id and SSH host keys are those of the checkpoint, which
+are NAME's own. A checkpoint of another machine is refused unless --force
+(NAME then gets a fresh machine-id and host keys). Everything is checked
+before NAME's process ends; if the new one fails to come up, NAME is left
+stopped on its disk from before.
+
+   vmfork rewind agent --to before-step`,
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "to", Usage: "the checkpoint (kept template) `T`", Required: true},
+		&cli.BoolFlag{Name: "force", Usage: "allow a checkpoint of another machine"},
+		&cli.StringFlag{Name: "customize", Usage: "read the identity spec from `FILE` (YAML, or JSON if it ends in .json)"},
+		&cli.StringSliceFlag{Name: "skip-step", Usage: "do not run the identity step `NAME`; repeatable"},
+		jsonFlag,
+	},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{errors.New("rewind needs a machine: vmfork rewind NAME --to T")}
+		}
+		opts, err := identityOptions(cliCtx)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := appContext(cliCtx)
+		defer cancel()
+		mg, err := newManager(cliCtx)
+		if err != nil {
+			return err
+		}
+		res, err := mg.Rewind(ctx, vmfork.RewindRequest{
+			Machine: cliCtx.Args().First(), To: cliCtx.String("to"), Force: cliCtx.Bool("force"), Identity: opts,
+		})
+		if err != nil {
+			return err
+		}
+		if cliCtx.Bool("json") {
+			return printJSON(res)
+		}
+		fmt.Printf("rewound %s to %s (pid %d)\n", res.Name, cliCtx.String("to"), res.PID)
+		return nil
+	},
+}
