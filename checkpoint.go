@@ -102,6 +102,14 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 	if !ok {
 		return nil, fmt.Errorf("rewind %q: driver %q: %w", req.Machine, mg.Driver.Name(), ErrUnsupported)
 	}
+	// A rewound machine's new process starts from a record whose files
+	// stay where the old one's were: the embedded driver, whose warm pool
+	// starts children in directories made ahead, does that. The libvirt
+	// driver defines a new domain per child, and a domain of that name
+	// exists already.
+	if _, ok := mg.Driver.(Pooler); !ok {
+		return nil, fmt.Errorf("rewind %q: not supported by the %s driver: %w", req.Machine, mg.Driver.Name(), ErrUnsupported)
+	}
 	if err := ValidateName(req.Machine); err != nil {
 		return nil, fmt.Errorf("rewind: %w", err)
 	}

@@ -53,3 +53,12 @@ func TestCheckpointAndRewind(t *testing.T) {
 		t.Errorf("rewind to no template: %v, want ErrNotFound", err)
 	}
 }
+
+func TestRewindNeedsInPlaceStarts(t *testing.T) {
+	mg, _ := newTestManager(t) // no warm pool: like the libvirt driver
+	bootFake(t, mg, "web")
+	_, err := mg.Rewind(t.Context(), RewindRequest{Machine: "web", To: "web-cp1"})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), `not supported by the fake driver`) {
+		t.Errorf("rewind: %v, want not supported by the driver", err)
+	}
+}
