@@ -23,11 +23,16 @@ later puts NAME back to that instant; "vmfork fork T" makes children of it.
    vmfork checkpoint agent --as before-step
    vmfork checkpoint ls agent
    vmfork rewind agent --to before-step`,
-	Flags:       []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, jsonFlag},
-	Subcommands: []*cli.Command{checkpointLsCommand},
+	Flags: []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, jsonFlag},
+	// "ls" is an argument, not a subcommand, so that flags may follow
+	// NAME as on every other command (a machine named ls is checkpointed
+	// by "vmfork checkpoint ls").
 	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() == 2 && cliCtx.Args().First() == "ls" {
+			return listCheckpoints(cliCtx, cliCtx.Args().Get(1))
+		}
 		if cliCtx.NArg() != 1 {
-			return usageError{errors.New("checkpoint needs a running machine: vmfork checkpoint NAME [--as T]")}
+			return usageError{errors.New("checkpoint needs a running machine: vmfork checkpoint NAME [--as T], or vmfork checkpoint ls NAME")}
 		}
 		ctx, cancel := appContext(cliCtx)
 		defer cancel()
@@ -55,35 +60,28 @@ later puts NAME back to that instant; "vmfork fork T" makes children of it.
 	},
 }
 
-var checkpointLsCommand = &cli.Command{
-	Name:      "ls",
-	Usage:     "list machine NAME's checkpoints (its kept instants), oldest first",
-	ArgsUsage: "NAME",
-	Flags:     []cli.Flag{jsonFlag},
-	Action: func(cliCtx *cli.Context) error {
-		if cliCtx.NArg() != 1 {
-			return usageError{errors.New("checkpoint ls needs a machine: vmfork checkpoint ls NAME")}
-		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		cps, err := mg.Checkpoints(ctx, cliCtx.Args().First())
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(cps)
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tID\tMEMORY\tCHILDREN\tCREATED")
-		for _, c := range cps {
-			fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\n", c.Name, c.ID, c.HasMemory, c.Children, c.Created.Local().Format("2006-01-02 15:04:05"))
-		}
-		return tw.Flush()
-	},
+// listCheckpoints prints machine's checkpoints (its kept instants), oldest
+// first.
+func listCheckpoints(cliCtx *cli.Context, machine string) error {
+	ctx, cancel := appContext(cliCtx)
+	defer cancel()
+	mg, err := newManager(cliCtx)
+	if err != nil {
+		return err
+	}
+	cps, err := mg.Checkpoints(ctx, machine)
+	if err != nil {
+		return err
+	}
+	if cliCtx.Bool("json") {
+		return printJSON(cps)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tMEMORY\tCHILDREN\tCREATED")
+	for _, c := range cps {
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\n", c.Name, c.ID, c.HasMemory, c.Children, c.Created.Local().Format("2006-01-02 15:04:05"))
+	}
+	return tw.Flush()
 }
 
 var rewindCommand = &cli.Command{
