@@ -112,7 +112,11 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 		return fail(err)
 	}
 	t := hdr.Template
-	if err := mg.CheckTemplate(ctx, &t); err != nil {
+	// The record's directory is the exporting host's: nothing may be
+	// cached there.
+	check := t
+	check.Paths = TemplatePaths{}
+	if err := mg.CheckTemplate(ctx, &check); err != nil {
 		return fail(err)
 	}
 	if err := checkHostFacts(&t, hdr.Host); err != nil {

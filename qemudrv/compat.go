@@ -4,11 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/qmp"
@@ -16,12 +20,62 @@ import (
 
 var _ vmfork.HostChecker = (*Driver)(nil)
 
-// hostQEMU is what the QEMU binary at a path offers, asked once per process
-// (three short runs of the binary).
+// hostQEMU is what the QEMU binary at a path offers. Asking takes three
+// short runs of the binary (over 100 ms on a loaded host), too much for
+// every fork from a kept template: the answer is kept per process, and in
+// the template's directory (hostCacheFile) for as long as the binary is the
+// same file.
 type hostQEMU struct {
-	version  string
-	machines map[string]bool
-	cpus     map[string]bool
+	Binary   binaryID        `json:"binary"`
+	Version  string          `json:"version"`
+	Machines map[string]bool `json:"machines"`
+	CPUs     map[string]bool `json:"cpus"`
+}
+
+// binaryID tells one QEMU binary from its replacement (an upgrade).
+type binaryID struct {
+	Path  string `json:"path"`
+	Size  int64  `json:"size"`
+	MTime int64  `json:"mtime_ns"`
+	Inode uint64 `json:"inode"`
+}
+
+func identify(bin string) (binaryID, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(bin, &st); err != nil {
+		return binaryID{}, fmt.Errorf("stat %s: %w", bin, err)
+	}
+	return binaryID{Path: bin, Size: st.Size, MTime: st.Mtim.Nano(), Inode: st.Ino}, nil
+}
+
+// hostCacheFile is the cached host description in a template's directory.
+const hostCacheFile = ".qemu-host.json"
+
+func loadHostCache(dir string, id binaryID) *hostQEMU {
+	if dir == "" {
+		return nil
+	}
+	var h hostQEMU
+	data, err := os.ReadFile(filepath.Join(dir, hostCacheFile))
+	if err != nil || json.Unmarshal(data, &h) != nil || h.Binary != id {
+		return nil
+	}
+	return &h
+}
+
+func saveHostCache(dir string, h *hostQEMU) {
+	data, err := json.Marshal(h)
+	if err != nil || dir == "" {
+		return
+	}
+	tmp, err := os.CreateTemp(dir, hostCacheFile+".tmp*")
+	if err != nil {
+		return // a cache: a read-only state dir only costs time
+	}
+	_, werr := tmp.Write(data)
+	if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), filepath.Join(dir, hostCacheFile)) != nil {
+		os.Remove(tmp.Name())
+	}
 }
 
 var (
@@ -31,10 +85,18 @@ var (
 
 var versionPattern = regexp.MustCompile(`QEMU emulator version ([0-9]+)\.([0-9]+)\.([0-9]+)`)
 
-func describeQEMU(ctx context.Context, bin string) (*hostQEMU, error) {
+func describeQEMU(ctx context.Context, bin, cacheDir string) (*hostQEMU, error) {
 	hostMu.Lock()
 	defer hostMu.Unlock()
-	if h, ok := hostCache[bin]; ok {
+	id, err := identify(bin)
+	if err != nil {
+		return nil, err
+	}
+	if h, ok := hostCache[bin]; ok && h.Binary == id {
+		return h, nil
+	}
+	if h := loadHostCache(cacheDir, id); h != nil {
+		hostCache[bin] = h
 		return h, nil
 	}
 	run := func(args ...string) ([]byte, error) {
@@ -54,13 +116,13 @@ func describeQEMU(ctx context.Context, bin string) (*hostQEMU, error) {
 		return nil, fmt.Errorf("%s --version: no version in %q", bin, firstLine(out))
 	}
 	// The same form as the QMP greeting's version (manifestOf).
-	h := &hostQEMU{version: fmt.Sprintf("%s.%s.%s", m[1], m[2], m[3]), machines: map[string]bool{}, cpus: map[string]bool{}}
+	h := &hostQEMU{Binary: id, Version: fmt.Sprintf("%s.%s.%s", m[1], m[2], m[3]), Machines: map[string]bool{}, CPUs: map[string]bool{}}
 	if out, err = run("-machine", "help"); err != nil {
 		return nil, err
 	}
 	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
 		if f := strings.Fields(sc.Text()); len(f) > 1 && f[0] != "Supported" {
-			h.machines[f[0]] = true
+			h.Machines[f[0]] = true
 		}
 	}
 	if out, err = run("-cpu", "help"); err != nil {
@@ -68,10 +130,11 @@ func describeQEMU(ctx context.Context, bin string) (*hostQEMU, error) {
 	}
 	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
 		if f := strings.Fields(sc.Text()); len(f) > 1 && f[0] == "x86" {
-			h.cpus[f[1]] = true
+			h.CPUs[f[1]] = true
 		}
 	}
 	hostCache[bin] = h
+	saveHostCache(cacheDir, h)
 	return h, nil
 }
 
@@ -81,7 +144,8 @@ func firstLine(b []byte) string {
 }
 
 // HostManifest implements vmfork.HostChecker: the manifest a child of t
-// would get from this host's QEMU, found without starting one. A machine
+// would get from this host's QEMU, found without starting one. The answer
+// is cached in t.Paths.Dir unless that is empty. A machine
 // type or CPU model this QEMU does not know comes back empty, so the
 // template's check names it.
 func (d *Driver) HostManifest(ctx context.Context, t *vmfork.Template) (vmfork.Manifest, error) {
@@ -89,17 +153,17 @@ func (d *Driver) HostManifest(ctx context.Context, t *vmfork.Template) (vmfork.M
 	if err != nil {
 		return vmfork.Manifest{}, err
 	}
-	h, err := describeQEMU(ctx, bin)
+	h, err := describeQEMU(ctx, bin, t.Paths.Dir)
 	if err != nil {
 		return vmfork.Manifest{}, err
 	}
 	m := &vmfork.Machine{Name: "check", Driver: d.Name(), Accel: t.Accel, Spec: t.Spec, VMGenID: t.VMGenID}
 	got := manifestOf(m, qmp.Greeting{})
-	got.QEMUVersion = h.version
-	if !h.machines[got.MachineType] {
+	got.QEMUVersion = h.Version
+	if !h.Machines[got.MachineType] {
 		got.MachineType = ""
 	}
-	if !h.cpus[got.CPUModel] {
+	if !h.CPUs[got.CPUModel] {
 		got.CPUModel = ""
 	}
 	return got, nil
