@@ -233,3 +233,70 @@ func TestKeptTemplateOfStoppedMachine(t *testing.T) {
 		t.Errorf("%s sees its sibling's write: %q", res.Children[1].Name, got)
 	}
 }
+
+// waitCounter waits until name's counter reaches at least n.
+func (e *env) waitCounter(name string, n int) int {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		c := e.counter(name)
+		if c >= n {
+			return c
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: counter %d has not reached %d", name, c, n)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestCheckpointRewind: a machine whose counter ran on, rewound to a
+// checkpoint, shows the checkpoint's state again (RAM and disk), with its
+// name and MAC unchanged; a second rewind to the same checkpoint works; a
+// checkpoint of another machine is refused without --force.
+func TestCheckpointRewind(t *testing.T) {
+	e := newEnv(t)
+	e.boot("src")
+	e.boot("other")
+	e.exec("src", "vmfork-counter", "start")
+	e.waitCounter("src", 5)
+	before := e.machine("src")
+	c0 := e.counter("src")
+	var cp templateJSON
+	e.jsonOK(&cp, "checkpoint", "src", "--as", "cp1")
+	if cp.Name != "cp1" || cp.Source != "src" || !cp.HasMemory {
+		t.Fatalf("checkpoint = %+v", cp)
+	}
+	c1 := e.counter("src")
+	var cps []templateJSON
+	e.jsonOK(&cps, "checkpoint", "ls", "src")
+	if len(cps) != 1 || cps[0].Name != "cp1" {
+		t.Errorf("checkpoint ls src = %+v", cps)
+	}
+	for round := 1; round <= 2; round++ {
+		e.exec("src", "sh", "-c", "echo later > /run/after-cp; echo later > /data/after-cp; sync")
+		later := e.waitCounter("src", c1+60)
+		var rw struct {
+			Name string `json:"name"`
+			PID  int    `json:"pid"`
+		}
+		e.jsonOK(&rw, "rewind", "src", "--to", "cp1")
+		if n := e.counter("src"); n < c0 || n >= later {
+			t.Errorf("round %d: counter %d after the rewind, want it back near the checkpoint's %d..%d (it was %d)", round, n, c0, c1, later)
+		}
+		for _, f := range []string{"/run/after-cp", "/data/after-cp"} {
+			if r := e.vmfork("exec", "src", "--", "cat", f); r.code == 0 {
+				t.Errorf("round %d: %s written after the checkpoint is still there", round, f)
+			}
+		}
+		m := e.machine("src")
+		if m.Name != "src" || m.MAC != before.MAC || m.State != "running" || m.PID != rw.PID || m.PID == before.PID {
+			t.Errorf("round %d: after the rewind %+v, before %+v: want the same name and MAC, a new process", round, m, before)
+		}
+	}
+	r := e.vmfork("rewind", "other", "--to", "cp1")
+	if r.code != 2 || !strings.Contains(r.stderr, "--force") {
+		t.Errorf("rewind of another machine to src's checkpoint: %s, want exit 2 naming --force", r)
+	}
+	e.exec("other", "true")
+}
