@@ -134,7 +134,7 @@ const sitePlaybook = `
           initrd: "{{ initrd }}"
           disk: "{{ disk }}"
           memory: 256M
-        burst_count: "{{ count | default(2) }}"
+        burst_count: "{{ count | default(3) }}"
         burst_hostname: "node{n}"
         burst_binary: "{{ vmfork_bin }}"
         burst_state_dir: "{{ vmfork_state }}"
@@ -257,7 +257,7 @@ func TestAnsiblePlaybook(t *testing.T) {
 	if got := rc["localhost"]; got.changed != 2 || got.failed != 0 {
 		t.Errorf("first run: localhost %+v, want changed=2 (boot, fork) failed=0\n%s", got, out)
 	}
-	for _, c := range []string{"web-1", "web-2"} {
+	for _, c := range []string{"web-1", "web-2", "web-3"} {
 		if got := rc[c]; got.ok == 0 || got.failed != 0 || got.unreachable != 0 {
 			t.Errorf("first run: %s %+v, want its tasks ok\n%s", c, got, out)
 		}
@@ -275,8 +275,8 @@ func TestAnsiblePlaybook(t *testing.T) {
 	for _, m := range ls {
 		names[m.Name] = m.Hostname
 	}
-	if len(names) != 3 || names["web-1"] != "node1" || names["web-2"] != "node2" || hosts["web-1"] != "web" {
-		t.Fatalf("machines after the burst: %v (parents %v), want web, and web-1, web-2 as node1, node2", names, hosts)
+	if len(names) != 4 || names["web-1"] != "node1" || names["web-2"] != "node2" || names["web-3"] != "node3" || hosts["web-1"] != "web" {
+		t.Fatalf("machines after the burst: %v (parents %v), want web, and web-1..web-3 as node1..node3", names, hosts)
 	}
 
 	inv := a.inventory()
@@ -290,8 +290,8 @@ func TestAnsiblePlaybook(t *testing.T) {
 	}
 	json.Unmarshal(inv["vmfork_parent_web"], &parent)
 	json.Unmarshal(inv["_meta"], &meta)
-	if strings.Join(parent.Hosts, ",") != "web-1,web-2" {
-		t.Errorf("inventory group vmfork_parent_web: %v, want web-1,web-2", parent.Hosts)
+	if strings.Join(parent.Hosts, ",") != "web-1,web-2,web-3" {
+		t.Errorf("inventory group vmfork_parent_web: %v, want web-1,web-2,web-3", parent.Hosts)
 	}
 	if h := meta.HostVars["web-2"]; h.Hostname != "node2" || h.MAC == "" || h.Connection != "vmfork.vmfork.agent" {
 		t.Errorf("inventory host vars of web-2: %+v, want hostname node2, a MAC and the agent connection", h)
@@ -301,7 +301,7 @@ func TestAnsiblePlaybook(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second run: %v\n%s", err, out)
 	}
-	for _, h := range []string{"localhost", "web-1", "web-2"} {
+	for _, h := range []string{"localhost", "web-1", "web-2", "web-3"} {
 		if got := rc[h]; got.changed != 0 || got.failed != 0 || got.ok == 0 {
 			t.Errorf("second run: %s %+v, want changed=0 failed=0\n%s", h, got, out)
 		}
@@ -309,17 +309,17 @@ func TestAnsiblePlaybook(t *testing.T) {
 
 	// Check mode with one more child wanted: the fork reports the change
 	// (vmfork fork --dry-run) and nothing is made.
-	rc, out, err = a.play("site", sitePlaybook, "--check", "--diff", "-e", "count=3")
+	rc, out, err = a.play("site", sitePlaybook, "--check", "--diff", "-e", "count=4")
 	if err != nil {
 		t.Fatalf("check run: %v\n%s", err, out)
 	}
 	if got := rc["localhost"]; got.changed != 1 || got.failed != 0 {
-		t.Errorf("check run: localhost %+v, want changed=1 (the fork of web-3)\n%s", got, out)
+		t.Errorf("check run: localhost %+v, want changed=1 (the fork of web-4)\n%s", got, out)
 	}
-	if !regexp.MustCompile(`(?m)^\+.*"web-3"`).MatchString(out) {
-		t.Errorf("check run's diff does not name web-3:\n%s", out)
+	if !regexp.MustCompile(`(?m)^\+.*"web-4"`).MatchString(out) {
+		t.Errorf("check run's diff does not name web-4:\n%s", out)
 	}
-	if ms := e.list(); len(ms) != 3 {
+	if ms := e.list(); len(ms) != 4 {
 		t.Errorf("check mode changed the machines: %+v", ms)
 	}
 	var tpls []json.RawMessage
@@ -330,8 +330,8 @@ func TestAnsiblePlaybook(t *testing.T) {
 
 	rc, out, err = a.play("remove", removePlaybook)
 	// One looped task: the recap counts it once; each item says changed.
-	if n := strings.Count(out, "changed: [localhost] => (item="); err != nil || rc["localhost"].failed != 0 || n != 3 {
-		t.Fatalf("remove run: %v, recap %+v, %d items changed, want 3 machines removed\n%s", err, rc["localhost"], n, out)
+	if n := strings.Count(out, "changed: [localhost] => (item="); err != nil || rc["localhost"].failed != 0 || n != 4 {
+		t.Fatalf("remove run: %v, recap %+v, %d items changed, want 4 machines removed\n%s", err, rc["localhost"], n, out)
 	}
 	if ms := e.list(); len(ms) != 0 {
 		t.Errorf("machines left: %+v", ms)
