@@ -142,7 +142,8 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 		return fail(err)
 	}
 	// Beside the templates, under a name no template id can have.
-	tmpDir, err := os.MkdirTemp(filepath.Join(mg.Store.StateDir, dirTemplates), ".export-")
+	mg.Store.sweepStaging()
+	tmpDir, err := os.MkdirTemp(filepath.Join(mg.Store.StateDir, dirTemplates), stagingPrefix("export"))
 	if err != nil {
 		return fail(err)
 	}

@@ -170,3 +170,27 @@ type namedDriver struct {
 }
 
 func (d *namedDriver) Name() string { return d.name }
+
+// What an import killed midway left is removed by the next one; what a live
+// process stages is not.
+func TestSweepStaging(t *testing.T) {
+	s := newTestStore(t)
+	dead := filepath.Join(s.StateDir, dirTemplates, ".import-999999999-123")
+	deadRAM := filepath.Join(s.MemDir, ".import-999999999-456.ram.tmp")
+	live := filepath.Join(s.StateDir, dirTemplates, stagingPrefix("export")+"1")
+	for _, d := range []string{dead, live} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(deadRAM, []byte("x"), 0o600)
+	s.sweepStaging()
+	for _, p := range []string{dead, deadRAM} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s is still there", p)
+		}
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live process's staging dir went: %v", err)
+	}
+}

@@ -233,7 +233,8 @@ func (s *Store) extractArchive(ctx context.Context, tr *tar.Reader, hdr *archive
 	}()
 	// Names no template id or machine can have, so nothing else reads them
 	// and a crash leaves nothing that looks like a template.
-	if st.dir, err = os.MkdirTemp(filepath.Join(s.StateDir, dirTemplates), ".import-"); err != nil {
+	s.sweepStaging()
+	if st.dir, err = os.MkdirTemp(filepath.Join(s.StateDir, dirTemplates), stagingPrefix("import")); err != nil {
 		return nil, err
 	}
 	want := map[string]archiveFile{}
@@ -257,7 +258,7 @@ func (s *Store) extractArchive(ctx context.Context, tr *tar.Reader, hdr *archive
 		}
 		var out *os.File
 		if name == archRAM {
-			out, err = os.CreateTemp(s.MemDir, ".import-*"+ramSuffix+".tmp")
+			out, err = os.CreateTemp(s.MemDir, stagingPrefix("import")+"*"+ramSuffix+".tmp")
 			if err == nil {
 				st.ram = out.Name()
 			}
@@ -404,4 +405,35 @@ func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template
 		return nil, err
 	}
 	return &rec, nil
+}
+
+// stagingPrefix starts the names of an export's or import's temporary files
+// in the state and mem dirs: "."+what+"-<pid>-". No template id or machine
+// name starts with a dot, and the pid tells whose they are.
+func stagingPrefix(what string) string {
+	return fmt.Sprintf(".%s-%d-", what, os.Getpid())
+}
+
+// sweepStaging removes what an export or import killed midway left: the
+// temporary files of processes that are gone.
+func (s *Store) sweepStaging() {
+	for _, pattern := range []string{
+		filepath.Join(s.StateDir, dirTemplates, ".import-*"),
+		filepath.Join(s.StateDir, dirTemplates, ".export-*"),
+		filepath.Join(s.MemDir, ".import-*"),
+	} {
+		found, _ := filepath.Glob(pattern)
+		for _, p := range found {
+			var what string
+			var pid int
+			base := strings.ReplaceAll(filepath.Base(p), "-", " ")
+			if n, _ := fmt.Sscanf(base, ".%s %d", &what, &pid); n != 2 || pid <= 0 {
+				continue
+			}
+			if unix.Kill(pid, 0) == nil || errors.Is(unix.Kill(pid, 0), unix.EPERM) {
+				continue // its process still runs
+			}
+			os.RemoveAll(p)
+		}
+	}
 }
