@@ -71,7 +71,7 @@ type archiveFile struct {
 	Size    int64      `json:"size_bytes"`
 	SHA256  string     `json:"sha256"`
 	Extents [][2]int64 `json:"extents"`
-	path    string     // where it is read from (export)
+	file    *os.File   // what it is read from (export)
 }
 
 func (f archiveFile) stored() int64 {
@@ -129,7 +129,12 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	if err != nil {
 		return nil, fmt.Errorf("export %q: %w", req.Name, err)
 	}
-	defer unlock()
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
 	t, err := mg.Store.findTemplate(req.Name)
 	if err != nil {
 		return nil, fmt.Errorf("export: %w", err)
@@ -148,8 +153,23 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 		return fail(err)
 	}
 	defer os.RemoveAll(tmpDir)
-	if hdr.Files, err = exportFiles(ctx, t, tmpDir); err != nil {
+	if hdr.Files, err = openFiles(ctx, t, tmpDir); err != nil {
 		return fail(err)
+	}
+	defer func() {
+		for _, f := range hdr.Files {
+			f.file.Close()
+		}
+	}()
+	// The files are open and never change: a template rm from here on
+	// cannot pull them away, so forks from the template need not wait for
+	// the long part.
+	unlock()
+	locked = false
+	for i := range hdr.Files {
+		if err := scanFile(ctx, &hdr.Files[i]); err != nil {
+			return fail(err)
+		}
 	}
 	out, err := os.CreateTemp(filepath.Dir(req.File), "."+filepath.Base(req.File)+".tmp*")
 	if err != nil {
@@ -179,68 +199,69 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	return res, nil
 }
 
-// exportFiles lists and scans what template t's archive holds; the
-// flattened disk is written into tmpDir.
-func exportFiles(ctx context.Context, t *Template, tmpDir string) ([]archiveFile, error) {
-	var files []archiveFile
+// openFiles opens what template t's archive holds; the flattened disk is
+// written into tmpDir.
+func openFiles(ctx context.Context, t *Template, tmpDir string) (files []archiveFile, err error) {
+	defer func() {
+		if err != nil {
+			for _, f := range files {
+				f.file.Close()
+			}
+		}
+	}()
 	add := func(name, path string) error {
-		f, err := scanFile(ctx, path)
+		f, err := os.Open(path)
 		if err != nil {
 			return err
 		}
-		f.Name = name
-		files = append(files, f)
+		files = append(files, archiveFile{Name: name, file: f})
 		return nil
 	}
 	if t.HasMemory {
 		if t.Paths.RAM != "" {
 			if _, err := os.Stat(t.Paths.RAM); err == nil {
 				if err := add(archRAM, t.Paths.RAM); err != nil {
-					return nil, err
+					return files, err
 				}
 			}
 		}
 		if t.Paths.DevState != "" {
 			if err := add(archDevState, t.Paths.DevState); err != nil {
-				return nil, err
+				return files, err
 			}
 		}
 	}
 	if t.Paths.Disk != "" {
 		flat := filepath.Join(tmpDir, archDisk)
 		if err := overlay.Flatten(ctx, t.Paths.Disk, flat); err != nil {
-			return nil, fmt.Errorf("flatten disk: %w", err)
+			return files, fmt.Errorf("flatten disk: %w", err)
 		}
 		if err := add(archDisk, flat); err != nil {
-			return nil, err
+			return files, err
 		}
 	}
 	if t.Spec.Kernel != "" {
 		if err := add(archKernel, t.Spec.Kernel); err != nil {
-			return nil, err
+			return files, err
 		}
 	}
 	if t.Spec.Initrd != "" {
 		if err := add(archInitrd, t.Spec.Initrd); err != nil {
-			return nil, err
+			return files, err
 		}
 	}
 	return files, nil
 }
 
-// scanFile finds path's data (SEEK_DATA/SEEK_HOLE, then all-zero pages
+// scanFile finds af's data (SEEK_DATA/SEEK_HOLE, then all-zero pages
 // dropped) and hashes its whole content, holes read as zeros.
-func scanFile(ctx context.Context, path string) (archiveFile, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return archiveFile{}, err
-	}
-	defer f.Close()
+func scanFile(ctx context.Context, af *archiveFile) error {
+	f, path := af.file, af.file.Name()
 	st, err := f.Stat()
 	if err != nil {
-		return archiveFile{}, err
+		return err
 	}
-	af := archiveFile{Size: st.Size(), path: path, Extents: [][2]int64{}}
+	af.Size, af.Extents = st.Size(), [][2]int64{}
 	h := sha256.New()
 	zero := make([]byte, 1<<20)
 	buf := make([]byte, 1<<20)
@@ -265,20 +286,20 @@ func scanFile(ctx context.Context, path string) (archiveFile, error) {
 			break // only a hole is left
 		}
 		if err != nil {
-			return archiveFile{}, fmt.Errorf("scan %s: %w", path, err)
+			return fmt.Errorf("scan %s: %w", path, err)
 		}
 		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
 		if err != nil {
-			return archiveFile{}, fmt.Errorf("scan %s: %w", path, err)
+			return fmt.Errorf("scan %s: %w", path, err)
 		}
 		hashZeros(data)
 		for p := data; p < hole; {
 			if err := ctx.Err(); err != nil {
-				return archiveFile{}, err
+				return err
 			}
 			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-p)], p)
 			if n == 0 && err != nil {
-				return archiveFile{}, fmt.Errorf("read %s: %w", path, err)
+				return fmt.Errorf("read %s: %w", path, err)
 			}
 			h.Write(buf[:n])
 			for i := 0; i < n; i += archivePage {
@@ -294,7 +315,7 @@ func scanFile(ctx context.Context, path string) (archiveFile, error) {
 	}
 	hashZeros(af.Size)
 	af.SHA256 = hex.EncodeToString(h.Sum(nil))
-	return af, nil
+	return nil
 }
 
 // zstdBinary finds zstd(1); VMFORK_ZSTD overrides it.
@@ -359,17 +380,12 @@ func writeTar(ctx context.Context, w io.Writer, hdr *archiveHeader, progress fun
 		if err := tw.WriteHeader(&tar.Header{Name: archiveFilesDir + f.Name, Mode: 0o600, Size: f.stored(), ModTime: mod}); err != nil {
 			return err
 		}
-		src, err := os.Open(f.path)
-		if err != nil {
-			return err
-		}
+		src := f.file
 		for _, e := range f.Extents {
 			if err := ctx.Err(); err != nil {
-				src.Close()
 				return err
 			}
 			if _, err := io.Copy(tw, io.NewSectionReader(src, e[0], e[1])); err != nil {
-				src.Close()
 				return fmt.Errorf("store %s: %w", f.Name, err)
 			}
 			done += e[1]
@@ -378,7 +394,6 @@ func writeTar(ctx context.Context, w io.Writer, hdr *archiveHeader, progress fun
 				last = time.Now()
 			}
 		}
-		src.Close()
 	}
 	if progress != nil {
 		progress(done, total)

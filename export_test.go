@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmfork/vmfork/overlay"
 )
@@ -192,5 +193,31 @@ func TestSweepStaging(t *testing.T) {
 	}
 	if _, err := os.Stat(live); err != nil {
 		t.Errorf("a live process's staging dir went: %v", err)
+	}
+}
+
+// Forks from a template need not wait while it is exported: the name's
+// lock is held only until its files are open.
+func TestExportDoesNotHoldTheLock(t *testing.T) {
+	mg, _ := newTestManager(t)
+	keptFake(t, mg)
+	var lockErr error
+	calls := 0
+	progress := func(done, total int64) {
+		calls++
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		unlock, err := mg.Store.Lock(ctx, "golden")
+		if err == nil {
+			unlock()
+		}
+		lockErr = errors.Join(lockErr, err)
+	}
+	file := filepath.Join(t.TempDir(), "g.vmt")
+	if _, err := mg.Export(t.Context(), ExportRequest{Name: "golden", File: file, Progress: progress}); err != nil {
+		t.Fatal(err)
+	}
+	if calls == 0 || lockErr != nil {
+		t.Errorf("progress called %d times; taking the template's lock meanwhile: %v", calls, lockErr)
 	}
 }
