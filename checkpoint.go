@@ -17,10 +17,10 @@ import (
 // the machine runs on. A rewind replaces the machine's QEMU by a fork of a
 // checkpoint that takes the machine's place: its name, directory, record,
 // guest MAC, host ports and lineage stay, and its identity is applied again
-// (clock, vmgenid, hostname, MAC). A rewind to the machine's own checkpoint
-// keeps the machine-id and SSH host keys the checkpoint holds, which are the
-// machine's own; a forced rewind to another machine's checkpoint gives it
-// fresh ones.
+// (clock, vmgenid, MAC and lease, hooks). A rewind to the machine's own
+// checkpoint keeps the hostname, machine-id and SSH host keys the checkpoint
+// holds, which are the machine's own; a forced rewind to another machine's
+// checkpoint gives it its name as hostname and fresh ones.
 
 // CheckpointRequest asks to keep running machine Machine's instant as
 // template As (default: the next free "<machine>-cpN").
@@ -140,8 +140,10 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 	opts := req.Identity
 	own := t.Source == m.Name
 	if own {
-		// The checkpoint's machine-id and host keys are this machine's.
-		opts.Spec.Skip = append(slices.Clone(opts.Spec.Skip), customize.StepMachineID, customize.StepSSHHostKeys)
+		// The checkpoint's hostname, machine-id and host keys are this
+		// machine's own; the clock, the RNG (vmgenid) and the lease are
+		// renewed.
+		opts.Spec.Skip = append(slices.Clone(opts.Spec.Skip), customize.StepHostname, customize.StepMachineID, customize.StepSSHHostKeys)
 	}
 	old := *m
 	if m.State == StateRunning {

@@ -261,6 +261,10 @@ func TestCheckpointRewind(t *testing.T) {
 	e.exec("src", "vmfork-counter", "start")
 	e.waitCounter("src", 5)
 	before := e.machine("src")
+	guestID := func() string {
+		return e.exec("src", "sh", "-c", "hostname; cat /sys/class/net/e*/address /etc/machine-id")
+	}
+	id := guestID()
 	c0 := e.counter("src")
 	var cp templateJSON
 	e.jsonOK(&cp, "checkpoint", "src", "--as", "cp1")
@@ -288,6 +292,9 @@ func TestCheckpointRewind(t *testing.T) {
 			if r := e.vmfork("exec", "src", "--", "cat", f); r.code == 0 {
 				t.Errorf("round %d: %s written after the checkpoint is still there", round, f)
 			}
+		}
+		if got := guestID(); got != id {
+			t.Errorf("round %d: the guest's hostname, MAC and machine-id are %q after the rewind, were %q", round, got, id)
 		}
 		m := e.machine("src")
 		if m.Name != "src" || m.MAC != before.MAC || m.State != "running" || m.PID != rw.PID || m.PID == before.PID {

@@ -90,10 +90,11 @@ var rewindCommand = &cli.Command{
 	ArgsUsage: "NAME",
 	Description: `Replaces NAME's running state (RAM, devices, disk) by checkpoint T's: NAME's
 QEMU ends and a fork of T takes its place, with NAME's name, guest MAC, host
-ports and lineage. Its identity is applied again (clock, vmgenid, hostname,
-MAC); the machine-id and SSH host keys are those of the checkpoint, which
-are NAME's own. A checkpoint of another machine is refused unless --force
-(NAME then gets a fresh machine-id and host keys). Everything is checked
+ports and lineage. Its identity is applied again (clock, vmgenid, MAC and
+lease, hooks); the hostname, machine-id and SSH host keys are those of the
+checkpoint, which are NAME's own. A checkpoint of another machine is refused
+unless --force (NAME then gets its name as hostname, a fresh machine-id and
+host keys). Everything is checked
 before NAME's process ends; if the new one fails to come up, NAME is left
 stopped on its disk from before.
 
