@@ -23,15 +23,38 @@ func benchBin(t *testing.T) string {
 	return bin
 }
 
-// benchDirs lists the run directories `vmfork bench` makes, and the QEMU
-// processes that use any.
-func benchDirs() []string {
-	a, _ := filepath.Glob("/var/tmp/vmfork-bench-*")
-	b, _ := filepath.Glob("/dev/shm/vmfork-bench-*")
-	for _, pid := range qemuMentioning("/vmfork-bench-") {
-		a = append(a, "qemu pid "+strconv.Itoa(pid))
+// benchBases are the parents of one test's bench runs: its own, so that
+// another bench on the host (or a parallel test) cannot look like a leak.
+type benchBases struct{ tmp, shm string }
+
+func newBenchBases(t *testing.T) benchBases {
+	t.Helper()
+	shm, err := os.MkdirTemp("/dev/shm", "vmfork-benchtest-")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return append(a, b...)
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	return benchBases{tmp: t.TempDir(), shm: shm}
+}
+
+// command runs the bench CLI with its run dirs under b.
+func (b benchBases) command(t *testing.T, args ...string) *exec.Cmd {
+	cmd := exec.Command(benchBin(t), args...)
+	cmd.Env = append(os.Environ(), "VMFORK_BENCH_TMP="+b.tmp, "VMFORK_BENCH_SHM="+b.shm)
+	return cmd
+}
+
+// dirs lists the run directories the bench made under b, and the QEMU
+// processes that use any.
+func (b benchBases) dirs() []string {
+	a, _ := filepath.Glob(filepath.Join(b.tmp, "vmfork-bench-*"))
+	s, _ := filepath.Glob(filepath.Join(b.shm, "vmfork-bench-*"))
+	for _, base := range []string{b.tmp, b.shm} {
+		for _, pid := range qemuMentioning(base + "/vmfork-bench-") {
+			a = append(a, "qemu pid "+strconv.Itoa(pid))
+		}
+	}
+	return append(a, s...)
 }
 
 // TestBenchPeersSmoke runs `vmfork bench peers` once, small, on the real
@@ -41,8 +64,8 @@ func benchDirs() []string {
 // test's: only their presence is checked.
 func TestBenchPeersSmoke(t *testing.T) {
 	e := newEnv(t)
-	before := benchDirs()
-	cmd := exec.Command(benchBin(t), "bench", "peers", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
+	b := newBenchBases(t)
+	cmd := b.command(t, "bench", "peers", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
 		"--rounds", "1", "--methods", "vmfork,floor,kept_template", "--no-libvirt", "--guest-use", "40M",
 		"--settle", "200ms", "--json")
 	out, err := cmd.Output()
@@ -83,15 +106,15 @@ func TestBenchPeersSmoke(t *testing.T) {
 	if !slices.Equal(methods, []string{"vmfork", "floor", "kept_template"}) {
 		t.Errorf("methods measured: %v", methods)
 	}
-	waitGoneDirs(t, before)
+	waitGoneDirs(t, b)
 }
 
 // TestBenchBurstSmoke runs a burst of three children and checks that all
 // answered and that the run cleaned up.
 func TestBenchBurstSmoke(t *testing.T) {
 	e := newEnv(t)
-	before := benchDirs()
-	out, err := exec.Command(benchBin(t), "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
+	b := newBenchBases(t)
+	out, err := b.command(t, "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
 		"--settle", "200ms", "--json").Output()
 	if err != nil {
 		t.Fatalf("vmfork bench burst: %v\n%s", err, out)
@@ -109,21 +132,16 @@ func TestBenchBurstSmoke(t *testing.T) {
 	if res.Count != 3 || res.Ready != 3 || res.Answered != 3 || len(res.ReadyAtMS) != 3 || res.TotalPSSBytes <= 0 {
 		t.Errorf("burst = %+v, want 3 children ready and answering, with their PSS", res)
 	}
-	waitGoneDirs(t, before)
+	waitGoneDirs(t, b)
 }
 
-// waitGoneDirs fails the test if bench run directories other than those in
-// before, or QEMU processes using them, are left.
-func waitGoneDirs(t *testing.T, before []string) {
+// waitGoneDirs fails the test if bench run directories under b, or QEMU
+// processes using them, are left.
+func waitGoneDirs(t *testing.T, b benchBases) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		var left []string
-		for _, d := range benchDirs() {
-			if !slices.Contains(before, d) {
-				left = append(left, d)
-			}
-		}
+		left := b.dirs()
 		if len(left) == 0 {
 			return
 		}

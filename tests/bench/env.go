@@ -108,11 +108,13 @@ func NewEnv(ctx context.Context, cfg Config) (*Env, error) {
 	}
 	// On disk, not tmpfs: only guest RAM belongs in memory. World-readable so
 	// that libvirt's QEMU (user libvirt-qemu) can reach its files below it.
-	dir, err := os.MkdirTemp("/var/tmp", "vmfork-bench-")
+	// VMFORK_BENCH_TMP and VMFORK_BENCH_SHM move both (the smoke tests give
+	// each run dirs of its own, so that runs side by side cannot mix).
+	dir, err := os.MkdirTemp(envOr("VMFORK_BENCH_TMP", "/var/tmp"), "vmfork-bench-")
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	memDir, err := os.MkdirTemp("/dev/shm", "vmfork-bench-")
+	memDir, err := os.MkdirTemp(envOr("VMFORK_BENCH_SHM", "/dev/shm"), "vmfork-bench-")
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("bench: %w", err)
@@ -392,3 +394,11 @@ func (e *Env) announce(format string, args ...any) {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// envOr returns the environment variable name, or def when it is unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
