@@ -410,9 +410,10 @@ elif [ -n "$cmd" ]; then
 	how="$dhc restarted as it ran ($*)"
 elif command -v udhcpc >/dev/null 2>&1; then
 	# One exchange, as a guest whose udhcpc quit after its lease did at
-	# boot. Patient (up to 12 discovers 2 s apart, within the step's 30 s):
-	# libvirt's dnsmasq pings each address for ~3 s before it offers it,
-	# one offer at a time, so the third of three children waits ~9 s.
+	# boot. Patient (up to 4 exchanges of 3 discovers 2 s apart, within the
+	# step's 30 s): libvirt's dnsmasq pings each address for ~3 s before it
+	# offers it, one offer at a time, so the third of three children waits
+	# ~9 s.
 	# vmfork's event script applies the lease with two ip commands
 	# (the first part flushed the old addresses).
 	s=$R/run/.vmfork-udhcpc.script
@@ -423,7 +424,13 @@ elif command -v udhcpc >/dev/null 2>&1; then
 		printf '\tif [ -n "$dns" ]; then for d in $dns; do echo "nameserver $d"; done >$R/etc/resolv.conf; fi\n;;\nesac\n'
 	} >"$s"
 	chmod 700 "$s"
-	udhcpc -i "$nic" -n -q -t 12 -T 2 -s "$s" </dev/null >"$log" 2>&1 || fail "udhcpc got no lease on $nic"
+	# A fresh exchange after one whose request went unanswered (seen with
+	# several children asking libvirt's dnsmasq at once).
+	n=0
+	until udhcpc -i "$nic" -n -q -t 3 -T 2 -s "$s" </dev/null >"$log" 2>&1; do
+		n=$((n + 1))
+		[ "$n" -lt 4 ] || fail "udhcpc got no lease on $nic"
+	done
 	how="udhcpc -q"
 elif command -v dhclient >/dev/null 2>&1; then
 	dhclient -4 -1 -pf "$R/run/dhclient.$nic.pid" -lf "$R/var/lib/dhcp/dhclient.$nic.leases" "$nic" </dev/null >"$log" 2>&1 || fail "dhclient got no lease on $nic"
