@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,22 +38,6 @@ func TestAgentsJSONGolden(t *testing.T) {
 		t.Errorf("ls with a TTL: %s, want expires and ttl_left_s", got)
 	}
 	for name, v := range map[string]any{"explore.json": explore, "tree.json": tree, "gc.json": gc} {
-		got, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join("testdata", name)
-		if *update {
-			if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (run go test ./cmd/vmfork -update)", err)
-		}
-		if string(got)+"\n" != string(want) {
-			t.Errorf("%s changed (rerun with -update and review the diff):\ngot:\n%s\nwant:\n%s", name, got, want)
-		}
+		checkGolden(t, name, v)
 	}
 }

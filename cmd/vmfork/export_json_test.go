@@ -1,9 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/vmfork/vmfork"
@@ -24,22 +21,6 @@ func TestExportImportJSONGolden(t *testing.T) {
 			Name: "agent", PID: 4242, State: vmfork.StateRunning, Ports: []vmfork.PortForward{{Host: 40022, Guest: 22}},
 		},
 	} {
-		got, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join("testdata", name)
-		if *update {
-			if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (run go test ./cmd/vmfork -update)", err)
-		}
-		if string(got)+"\n" != string(want) {
-			t.Errorf("%s changed (rerun with -update and review the diff):\ngot:\n%s\nwant:\n%s", name, got, want)
-		}
+		checkGolden(t, name, v)
 	}
 }

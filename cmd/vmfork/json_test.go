@@ -44,22 +44,29 @@ func TestJSONGolden(t *testing.T) {
 		Failed: []vmfork.ChildError{{Name: "web-2", Error: "QEMU exited: boom"}},
 	}
 	for name, v := range map[string]any{"ls.json": []machineView{viewOf(m)}, "fork.json": fork, "template-ls.json": []vmfork.TemplateStatus{tpl}} {
-		got, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
+		checkGolden(t, name, v)
+	}
+}
+
+// checkGolden compares v's indented JSON with testdata/name; -update
+// rewrites the file.
+func checkGolden(t *testing.T, name string, v any) {
+	t.Helper()
+	got, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		path := filepath.Join("testdata", name)
-		if *update {
-			if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (run go test ./cmd/vmfork -update)", err)
-		}
-		if string(got)+"\n" != string(want) {
-			t.Errorf("%s changed (rerun with -update and review the diff):\ngot:\n%s\nwant:\n%s", name, got, want)
-		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./cmd/vmfork -update)", err)
+	}
+	if string(got)+"\n" != string(want) {
+		t.Errorf("%s changed (rerun with -update and review the diff):\ngot:\n%s\nwant:\n%s", name, got, want)
 	}
 }
