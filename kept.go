@@ -74,20 +74,8 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	if !ok {
 		return nil, fmt.Errorf("keep %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
 	}
-	if err := ValidateName(req.Source); err != nil {
-		return nil, fmt.Errorf("keep: %w", err)
-	}
-	if err := ValidateName(req.Name); err != nil {
-		return nil, fmt.Errorf("keep %q: template %w", req.Source, err)
-	}
-	if err := checkPoolSize(req.Pool); err != nil {
-		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
-	}
-	if _, ok := mg.Driver.(Pooler); req.Pool > 0 && !ok {
-		return nil, fmt.Errorf("keep %q: driver %q has no warm pool (use --pool 0): %w", req.Source, mg.Driver.Name(), ErrUnsupported)
-	}
-	if err := req.Identity.Validate(); err != nil {
-		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
+	if err := mg.checkKeepRequest(req); err != nil {
+		return nil, err
 	}
 	if err := mg.Recover(ctx); err != nil {
 		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
@@ -341,4 +329,25 @@ func (mg *Manager) forkOutcome(source string, t *Template, children []*Machine, 
 		return res, fmt.Errorf("fork %q: %d of %d children came up; failed: %s: %w",
 			source, len(res.Children), len(children), failedSummary(res.Failed), ErrPartial)
 	}
+}
+
+// checkKeepRequest checks what a template save needs from its request alone,
+// for Keep and its dry run alike.
+func (mg *Manager) checkKeepRequest(req KeepRequest) error {
+	if err := ValidateName(req.Source); err != nil {
+		return fmt.Errorf("keep: %w", err)
+	}
+	if err := ValidateName(req.Name); err != nil {
+		return fmt.Errorf("keep %q: template %w", req.Source, err)
+	}
+	if err := checkPoolSize(req.Pool); err != nil {
+		return fmt.Errorf("keep %q: %w", req.Source, err)
+	}
+	if _, ok := mg.Driver.(Pooler); req.Pool > 0 && !ok {
+		return fmt.Errorf("keep %q: driver %q has no warm pool (use --pool 0): %w", req.Source, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := req.Identity.Validate(); err != nil {
+		return fmt.Errorf("keep %q: %w", req.Source, err)
+	}
+	return nil
 }

@@ -153,20 +153,8 @@ func (mg *Manager) PlanKeep(ctx context.Context, req KeepRequest) (*Plan, error)
 	if _, ok := mg.Driver.(Forker); !ok {
 		return nil, fmt.Errorf("keep %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
 	}
-	if err := ValidateName(req.Source); err != nil {
-		return nil, fmt.Errorf("keep: %w", err)
-	}
-	if err := ValidateName(req.Name); err != nil {
-		return nil, fmt.Errorf("keep %q: template %w", req.Source, err)
-	}
-	if err := checkPoolSize(req.Pool); err != nil {
-		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
-	}
-	if _, ok := mg.Driver.(Pooler); req.Pool > 0 && !ok {
-		return nil, fmt.Errorf("keep %q: driver %q has no warm pool (use --pool 0): %w", req.Source, mg.Driver.Name(), ErrUnsupported)
-	}
-	if err := req.Identity.Validate(); err != nil {
-		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
+	if err := mg.checkKeepRequest(req); err != nil {
+		return nil, err
 	}
 	if _, err := mg.Store.LoadMachine(req.Name); err == nil {
 		return nil, fmt.Errorf("keep %q as %q: a machine has that name: %w", req.Source, req.Name, ErrExists)
