@@ -9,7 +9,7 @@ pkgs=(
   libvirt-dev libvirt-daemon-system
   cpio e2fsprogs gzip
   debootstrap dnsmasq-base iproute2 iputils-ping openssh-client
-  ansible-core python3
+  ansible-core python3 zstd
 )
 # The guest kernel: Debian's generic flavour (it has CONFIG_VMGENID; the cloud
 # flavour does not). tests/guest/build.sh downloads it with apt-get download,
