@@ -90,7 +90,7 @@ func inodeOf(t *testing.T, path string) uint64 {
 // its descriptor refers to, and that CopyPrivate captures its writes.
 func TestRemapAndCopyPrivate(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("ptrace and /proc/PID/mem of another process need root")
+		t.Fatal("this test traces another process and reads its /proc/PID/mem: run it as root, as CI does")
 	}
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a.ram"), filepath.Join(dir, "b.ram")

@@ -130,9 +130,9 @@ func (e *env) guestClockOffset(name string) time.Duration {
 	return off
 }
 
-// rxFilterMAC is the MAC QEMU's NIC of machine name receives for (its
-// receive filter's main-mac), which follows the guest's choice.
-func (e *env) rxFilterMAC(name string) string {
+// qmpCall runs one QMP command on machine name's QEMU and fails the test if
+// it fails.
+func (e *env) qmpCall(name, command string, args, out any) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(e.t.Context(), 30*time.Second)
 	defer cancel()
@@ -141,12 +141,22 @@ func (e *env) rxFilterMAC(name string) string {
 		e.t.Fatalf("QMP of %s: %v", name, err)
 	}
 	defer mon.Close()
+	if err := mon.Execute(ctx, command, args, out); err != nil {
+		e.t.Fatalf("%s on %s: %v", command, name, err)
+	}
+}
+
+// rxFilterMAC is the MAC QEMU's NIC of machine name receives for (its
+// receive filter's main-mac), which follows the guest's choice.
+func (e *env) rxFilterMAC(name string) string {
+	e.t.Helper()
 	var filters []struct {
 		Name    string `json:"name"`
 		MainMAC string `json:"main-mac"`
 	}
-	if err := mon.Execute(ctx, "query-rx-filter", map[string]string{"name": "nic0"}, &filters); err != nil || len(filters) != 1 {
-		e.t.Fatalf("query-rx-filter on %s: %v %+v", name, err, filters)
+	e.qmpCall(name, "query-rx-filter", map[string]string{"name": "nic0"}, &filters)
+	if len(filters) != 1 {
+		e.t.Fatalf("query-rx-filter on %s: %+v, want one filter", name, filters)
 	}
 	return filters[0].MainMAC
 }

@@ -3,7 +3,6 @@
 package tests
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -15,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vmfork/vmfork/qmp"
 )
 
 // Children on real shared networks: a bridge with a DHCP server, for the
@@ -316,17 +313,8 @@ func forkOnBridge(t *testing.T, e *env, b *bridgeNet, src machineJSON, parentIP 
 // with, the one the guest gets after a reset.
 func (e *env) nicConfiguredMAC(name string) string {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(e.t.Context(), 30*time.Second)
-	defer cancel()
-	mon, err := qmp.Dial(ctx, e.machine(name).QMP)
-	if err != nil {
-		e.t.Fatalf("QMP of %s: %v", name, err)
-	}
-	defer mon.Close()
 	var mac string
-	if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/machine/peripheral/nic0", "property": "mac"}, &mac); err != nil {
-		e.t.Fatalf("qom-get nic0 mac of %s: %v", name, err)
-	}
+	e.qmpCall(name, "qom-get", map[string]string{"path": "/machine/peripheral/nic0", "property": "mac"}, &mac)
 	return mac
 }
 
