@@ -11,11 +11,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmfork/vmfork/overlay"
@@ -31,9 +30,11 @@ import (
 // template's whole chain flattened into one standalone qcow2, so the
 // archive needs nothing of the exporting host.
 //
-// zstd is the system's zstd(1), driven through pipes: the Go module proxy
-// was not reachable when this was written, and zstd(1) is part of the base
-// image. Its frames carry a checksum of their own.
+// zstd is github.com/klauspost/compress/zstd, streaming in both
+// directions, so neither side holds a file in memory. Its frames carry a
+// checksum of their own (WithEncoderCRC), checked by the decoder, and the
+// stream is the one zstd(1) reads and writes: an archive made by an
+// earlier vmfork that ran zstd(1) imports unchanged.
 
 // archiveFormat is the version of the archive layout; import refuses others.
 const archiveFormat = 1
@@ -318,42 +319,21 @@ func scanFile(ctx context.Context, af *archiveFile) error {
 	return nil
 }
 
-// zstdBinary finds zstd(1); VMFORK_ZSTD overrides it.
-func zstdBinary() (string, error) {
-	name := "zstd"
-	if v := os.Getenv("VMFORK_ZSTD"); v != "" {
-		name = v
-	}
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("find zstd: %w (install zstd)", err)
-	}
-	return p, nil
-}
+// zstdLevel is zstd(1)'s -3, the level archives were always made with: a
+// guest's RAM and a qcow2 compress well at it, faster than the disk writes.
+const zstdLevel = zstd.SpeedDefault
 
 // writeArchive writes hdr and its files, compressed, to out.
 func writeArchive(ctx context.Context, out io.Writer, hdr *archiveHeader, progress func(done, total int64)) error {
-	bin, err := zstdBinary()
+	zw, err := zstd.NewWriter(out, zstd.WithEncoderLevel(zstdLevel), zstd.WithEncoderCRC(true))
 	if err != nil {
-		return err
+		return fmt.Errorf("zstd: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, bin, "-q", "-c", "-T0", "-3")
-	cmd.WaitDelay = 5 * time.Second
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = out, &stderr
-	pw, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("failed to run %v: %w", cmd.Args, err)
-	}
-	werr := writeTar(ctx, pw, hdr, progress)
-	if cerr := pw.Close(); werr == nil {
-		werr = cerr
-	}
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("failed to run %v: stderr=%q: %w", cmd.Args, strings.TrimSpace(stderr.String()), err)
+	werr := writeTar(ctx, zw, hdr, progress)
+	// Close writes the last frame's end and checksum; without it the
+	// archive reads as truncated.
+	if cerr := zw.Close(); werr == nil && cerr != nil {
+		werr = fmt.Errorf("zstd: %w", cerr)
 	}
 	return werr
 }

@@ -1,14 +1,18 @@
 package vmfork
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/vmfork/vmfork/overlay"
 )
@@ -137,6 +141,10 @@ func TestImportRefusesAndLeavesNothing(t *testing.T) {
 	}{
 		{"flipped byte", "corrupted", flipped, nil},
 		{"truncated", "truncated", data[:len(data)*2/3], nil},
+		// The last frame's end: only zstd's own checksum catches it.
+		{"flipped checksum", "corrupted", flipLast(data), nil},
+		{"cut at the end", "truncated", data[:len(data)-3], nil},
+		{"not zstd", "corrupted", []byte("plain tar? no: nothing of a zstd frame"), nil},
 		{"empty", "", nil, nil},
 		{"other driver", `needs driver "fake", this host runs "other"`, data, &namedDriver{newFakeDriver(), "other"}},
 		{"other QEMU", `QEMU version "7.2.0", this host has "9.0.0"`, data, &hostDriver{&linkDriver{fakeDriver: newFakeDriver()}, "9.0.0"}},
@@ -162,6 +170,50 @@ func TestImportRefusesAndLeavesNothing(t *testing.T) {
 				t.Errorf("the refused import left %v", l)
 			}
 		})
+	}
+}
+
+// flipLast flips a bit in data's last byte (the zstd frame's checksum).
+func flipLast(data []byte) []byte {
+	b := bytes.Clone(data)
+	b[len(b)-1] ^= 0x01
+	return b
+}
+
+// The archive is a plain zstd stream (frame magic, checksums on) around the
+// same tar layout as before, so zstd(1) reads it and older archives import.
+func TestArchiveIsZstdTar(t *testing.T) {
+	file, _ := exportFake(t)
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := zstd.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zr.Close()
+	var names []string
+	tr := tar.NewReader(zr)
+	for {
+		th, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, th.Name)
+	}
+	want := []string{archiveHeaderName, archiveFilesDir + archRAM, archiveFilesDir + archDevState, archiveFilesDir + archKernel}
+	if strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("entries %q, want %q", names, want)
+	}
+	head := make([]byte, 4)
+	f.ReadAt(head, 0)
+	if !bytes.Equal(head, []byte{0x28, 0xb5, 0x2f, 0xfd}) {
+		t.Errorf("archive starts % x, want the zstd frame magic", head)
 	}
 }
 

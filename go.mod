@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242
+	github.com/klauspost/compress v1.20.4
 	github.com/lima-vm/go-qcow2reader v0.7.0
 	github.com/sirupsen/logrus v1.10.2
 	github.com/urfave/cli/v2 v2.27.7

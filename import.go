@@ -2,7 +2,6 @@ package vmfork
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,11 +11,11 @@ import (
 	"hash"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmfork/vmfork/overlay"
@@ -63,40 +62,14 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 	fail := func(err error) (*ImportResult, error) {
 		return nil, fmt.Errorf("import %s: %w", req.File, err)
 	}
-	bin, err := zstdBinary()
+	// The decoder's window is bounded, so a crafted frame header cannot
+	// make it allocate more than that; it decodes as the stream is read.
+	zr, err := zstd.NewReader(in, zstd.WithDecoderMaxWindow(zstdMaxWindow), zstd.WithDecoderConcurrency(1))
 	if err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("zstd: %w", err))
 	}
-	// Decompression ends with this call: a reader that stops early (a
-	// refusal) kills zstd through the context.
-	zctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cmd := exec.CommandContext(zctx, bin, "-d", "-q", "-c")
-	cmd.WaitDelay = 5 * time.Second
-	var stderr bytes.Buffer
-	cmd.Stdin, cmd.Stderr = in, &stderr
-	pr, err := cmd.StdoutPipe()
-	if err != nil {
-		return fail(err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fail(fmt.Errorf("failed to run %v: %w", cmd.Args, err))
-	}
-	waited := false
-	wait := func() error {
-		waited = true
-		if err := cmd.Wait(); err != nil {
-			return fmt.Errorf("archive is corrupted or truncated: %s: %w", strings.TrimSpace(stderr.String()), asInvalid(err))
-		}
-		return nil
-	}
-	defer func() {
-		if !waited { // refused early: stop decompressing
-			cancel()
-			cmd.Wait()
-		}
-	}()
-	tr := tar.NewReader(pr)
+	defer zr.Close()
+	tr := tar.NewReader(zr)
 	hdr, err := readArchiveHeader(tr)
 	if err != nil {
 		return fail(err)
@@ -140,11 +113,8 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 	defer st.remove()
 	// Drain the stream to its end: zstd's own check of the last frame
 	// (its checksum, a truncation) only runs when it reaches it.
-	if _, err := io.Copy(io.Discard, pr); err != nil {
-		return fail(err)
-	}
-	if err := wait(); err != nil {
-		return fail(err)
+	if _, err := io.Copy(io.Discard, zr); err != nil {
+		return fail(fmt.Errorf("archive is corrupted or truncated: %w", asInvalid(err)))
 	}
 	rec, err := mg.Store.installImport(&t, name, st)
 	if err != nil {
@@ -157,6 +127,11 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 	}
 	return res, nil
 }
+
+// zstdMaxWindow bounds the decoder's memory: what zstd(1) allows without
+// --long (128 MiB), far above the 2 MiB window of the level archives are
+// written at.
+const zstdMaxWindow = 128 << 20
 
 // readArchiveHeader reads and validates the archive's first entry.
 func readArchiveHeader(tr *tar.Reader) (*archiveHeader, error) {
