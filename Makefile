@@ -45,9 +45,11 @@ UNIT_FLAGS ?=
 unit:
 	$(GO) test -race -count=1 $(UNIT_FLAGS) ./...
 
-# The Ansible collection's unit tests (python3 -m unittest; no VM, no network).
+# The Ansible collection's unit tests (python3 -m unittest), then ansible-test sanity
+# and units (Debian 12's ansible-core 2.14 with Debian's checkers); no VM, no network.
 ansible-unit: deps
 	@ansible/tests/unit/run.sh
+	@scripts/ansible-test.sh
 
 # Fuzz targets of every parser, a few seconds each (go test runs one target
 # per call). FUZZTIME=1m for a longer hunt.

@@ -10,6 +10,9 @@ pkgs=(
   cpio e2fsprogs gzip
   debootstrap dnsmasq-base iproute2 iputils-ping openssh-client
   ansible-core python3 zstd
+  # ansible-test sanity and units with Debian's checkers (scripts/ansible-test.py)
+  pylint pycodestyle yamllint shellcheck python3-voluptuous python3-mock
+  python3-pytest python3-pytest-xdist python3-pytest-forked python3-pytest-mock
 )
 # The guest kernel: Debian's generic flavour (it has CONFIG_VMGENID; the cloud
 # flavour does not). tests/guest/build.sh downloads it with apt-get download,

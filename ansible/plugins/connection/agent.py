@@ -19,7 +19,7 @@ description:
     Commands go through C(/bin/sh -c) in the guest.
   - C(raw) needs only a shell in the guest; other modules need Python in it.
 author:
-  - vmfork developers
+  - vmfork developers (@vmfork)
 options:
   remote_addr:
     description: The machine's name.
@@ -168,7 +168,7 @@ class Connection(ConnectionBase):
         # The file travels on stdin, so that the same call works over ssh.
         with open(to_bytes(in_path, errors='surrogate_or_strict'), 'rb') as f:
             data = f.read()
-        rc, _, err = self._vmfork(['cp', '-', '%s:%s' % (self._machine, out_path)], data=data)
+        rc, dummy, err = self._vmfork(['cp', '-', '%s:%s' % (self._machine, out_path)], data=data)
         if rc != 0:
             raise AnsibleError('vmfork cp to %s:%s: %s' % (self._machine, out_path, self._error(err, rc)))
 

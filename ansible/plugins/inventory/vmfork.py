@@ -22,7 +22,7 @@ description:
   - Hosts use the connection vmfork.vmfork.agent unless I(use_agent_connection) is false.
   - The file must end in C(vmfork.yml) or C(vmfork.yaml).
 author:
-  - vmfork developers
+  - vmfork developers (@vmfork)
 extends_documentation_fragment:
   - constructed
 options:

@@ -99,7 +99,7 @@ seealso:
   - module: vmfork.vmfork.vmfork_template
   - module: vmfork.vmfork.vmfork_info
 author:
-  - vmfork developers
+  - vmfork developers (@vmfork)
 '''
 
 EXAMPLES = r'''
@@ -148,7 +148,7 @@ children:
     pause_ms: {description: How long the parent paused for the fork that made it (0 from a kept template)., type: float}
     running_ms: {description: From the start of its creation until its vCPUs ran., type: float}
     ready_ms: {description: From the start of its creation until its identity was set., type: float}
-    identity: {description: What the identity chain did, step by step (C(steps)), with mode, MAC, hostname, machine-id and vmgenid., type: dict}
+    identity: {description: "What the identity chain did, step by step (C(steps)), with mode, MAC, hostname, machine-id and vmgenid.", type: dict}
   sample: [{"name": "web-1", "created": true, "state": "running", "pid": 4301, "mac": "52:54:00:32:2e:f8",
             "hostname": "node1", "addresses": ["10.0.2.16/24"], "template": "web.1", "pause_ms": 68.0,
             "running_ms": 54.0, "ready_ms": 640.0,
@@ -198,9 +198,9 @@ def batches(p, missing):
     pattern = p['hostname']
     if pattern is None and isinstance(p['customize'], dict):
         pattern = p['customize'].get('hostname')
-    if pattern and '{n}' in pattern and [i for _, i in missing] != list(range(1, len(missing) + 1)):
+    if pattern and '{n}' in pattern and [i for dummy, i in missing] != list(range(1, len(missing) + 1)):
         return [([n], pattern.replace('{n}', str(i))) for n, i in missing]
-    return [([n for n, _ in missing], p['hostname'])]
+    return [([n for n, dummy in missing], p['hostname'])]
 
 
 def fork_args(p, names, hostname, spec_file):
@@ -274,12 +274,12 @@ def main():
         kept = None if p['parent'] in machines else vm.kept(p['parent'])
         kept_id = kept and kept.get('id')
         existing = [(n, i) for n, i in want if n in machines]
-        for n, _ in existing:
+        for n, dummy in existing:
             if not belongs(machines[n], p['parent'], kept_id):
                 module.fail_json(msg='machine %r exists but is not a child of %r (its parent is %r)'
                                      % (n, p['parent'], machines[n].get('parent')), rc=2)
         missing = [(n, i) for n, i in want if n not in machines]
-        views = dict((n, view_of_existing(machines[n])) for n, _ in existing)
+        views = dict((n, view_of_existing(machines[n])) for n, dummy in existing)
         if isinstance(p['customize'], dict):
             fd, spec_file = tempfile.mkstemp(prefix='vmfork-customize-', suffix='.json')
             with os.fdopen(fd, 'w') as f:
@@ -305,7 +305,7 @@ def main():
                     fork = e.result if isinstance(e.result, dict) else {}
                     for c in fork.get('children') or []:
                         views[c['name']] = view_of_new(c, fork)
-                    result['children'] = [views[n] for n, _ in want if n in views]
+                    result['children'] = [views[n] for n, dummy in want if n in views]
                     result['failed_children'] = fork.get('failed') or []
                     result['forks'].append(fork)
                     result['changed'] = bool(fork.get('children')) or bool(result['forks'][:-1])
@@ -314,12 +314,12 @@ def main():
                 for c in fork.get('children') or []:
                     views[c['name']] = view_of_new(c, fork)
         if p['wait_agent'] and not module.check_mode:
-            for n, _ in existing:
+            for n, dummy in existing:
                 vm.run(['exec', n, '--', 'true'])
-        result['children'] = [views[n] for n, _ in want if n in views]
+        result['children'] = [views[n] for n, dummy in want if n in views]
         if module._diff:
-            result['diff'] = dict(before={'children': [n for n, _ in existing]},
-                                  after={'children': [n for n, _ in want]})
+            result['diff'] = dict(before={'children': [n for n, dummy in existing]},
+                                  after={'children': [n for n, dummy in want]})
     except VmforkError as e:
         extra = dict((k, result[k]) for k in ('children', 'failed_children', 'forks') if k in result)
         extra['changed'] = result['changed']

@@ -72,7 +72,7 @@ attributes:
   platform:
     platforms: posix
 author:
-  - vmfork developers
+  - vmfork developers (@vmfork)
 '''
 
 EXAMPLES = r'''

@@ -80,7 +80,7 @@ class TestAgentConnection(unittest.TestCase):
         FakePopen.replies = [(0, b'', b''), (0, b'guest data', b'')]
         self.conn.put_file(src, '/tmp/x')
         self.conn.fetch_file('/etc/hostname', os.path.join(d, 'out'))
-        (put, put_data), (fetch, _) = FakePopen.calls
+        (put, put_data), (fetch, dummy) = FakePopen.calls
         self.assertEqual(put[-3:], ['cp', '-', 'web-1:/tmp/x'])
         self.assertEqual(put_data, b'payload')
         self.assertEqual(fetch[-3:], ['cp', 'web-1:/etc/hostname', '-'])
@@ -94,7 +94,7 @@ class TestAgentConnection(unittest.TestCase):
         self.options['vmfork_ssh_host'] = 'root@hv1'
         FakePopen.replies = [(0, b'{"exit_code": 0, "stdout": "", "stderr": ""}', b'')]
         self.conn.exec_command("echo 'a b'")
-        cmd, _ = FakePopen.calls[0]
+        cmd, dummy = FakePopen.calls[0]
         self.assertEqual(cmd[:4], ['ssh', '-o', 'BatchMode=yes', 'root@hv1'])
         inner = ['/usr/bin/vmfork', '--state-dir', '/srv/vmfork', '-q', 'exec', 'web-1', '--json', '--env',
                  'HOME=/root', '--', '/bin/sh', '-c', "echo 'a b'"]

@@ -61,7 +61,7 @@ class TestInventory(unittest.TestCase):
         self.assertEqual(v['vmfork_state_dir'], '/srv/vmfork')
 
     def test_states_filter_and_no_agent_connection(self):
-        inventory, _ = self.parse(states=['stopped'], use_agent_connection=False)
+        inventory, dummy = self.parse(states=['stopped'], use_agent_connection=False)
         self.assertEqual([h.name for h in inventory.groups['vmfork'].get_hosts()], ['web.x-2'])
         self.assertNotIn('ansible_connection', inventory.get_host('web.x-2').vars)
 

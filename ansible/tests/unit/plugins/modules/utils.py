@@ -246,10 +246,13 @@ class ModuleTestCase(unittest.TestCase):
     def setUp(self):
         self.fake = FakeVmfork()
         fake = self.fake
+
+        def run_command(module, cmd, **kwargs):
+            return fake.run_command(module, cmd, **kwargs)
+
         patches = [
             mock.patch.multiple(basic.AnsibleModule, exit_json=exit_json, fail_json=fail_json),
-            mock.patch.object(basic.AnsibleModule, 'run_command',
-                              lambda mod, cmd, **kw: fake.run_command(mod, cmd, **kw)),
+            mock.patch.object(basic.AnsibleModule, 'run_command', run_command),
         ]
         for p in patches:
             p.start()
