@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
@@ -31,8 +32,13 @@ const (
 
 // Freeze implements vmfork.Forker with libvirt's suspend and resume (so its
 // state machine stays in step), a disk-only external snapshot onto an
-// overlay made ahead (so libvirt's view of the disk stays true), and the
-// device-state save through QMP passthrough with a passed fd.
+// overlay made ahead (so libvirt's view of the disk stays true), the
+// device-state save through QMP passthrough with a passed fd, and the RAM
+// plan the embedded driver uses (sharedmem.Plan): the source's RAM file
+// becomes the template by a second name in vmfork's mem dir, and the source
+// is remapped privately onto it, so the pause copies no RAM. The domain
+// stays the same (name, uuid, QEMU process); libvirt's own name for the file
+// goes when the domain stops, the template's stays.
 func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template) (fr vmfork.FreezeResult, err error) {
 	dom, err := d.domain(src)
 	if err != nil {
@@ -48,6 +54,11 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
+	ram, err := d.prepareRAM(ctx, mon, src, t, prep)
+	if err != nil {
+		return fr, fmt.Errorf("prepare RAM: %w", err)
+	}
+	defer ram.Cleanup(ctx, mon)
 	release, err := qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
 	if err != nil {
 		return fr, err
@@ -63,20 +74,34 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer w.Rollback(ctx, &err)
+	start := time.Now()
+	if err := sharedmem.Inject(sharedmem.InjectAfterStop); err != nil {
+		return fr, err
+	}
 	if prep.diskTarget != "" {
 		if err := d.switchDisk(ctx, dom, src, t, prep, w); err != nil {
 			return fr, fmt.Errorf("switch disk: %w", err)
 		}
 	}
+	diskDone := time.Now()
 	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log)); err != nil {
 		return fr, fmt.Errorf("save device state: %w", err)
 	}
-	// Without shared RAM, the template's RAM file exists for the start hook.
-	fr.RAMCopiedBytes, err = sharedmem.SaveRAM(ctx, prep.ram, t.Paths.RAM, prep.shared, int64(src.Spec.MemoryMiB)<<20)
-	if err != nil {
+	devDone := time.Now()
+	vmfork.Fault(vmfork.FaultFreezePaused, src.PID)
+	if err := sharedmem.Inject(sharedmem.InjectBeforeRAM); err != nil {
 		return fr, err
 	}
+	if fr.RAMCopiedBytes, err = ram.InPause(ctx); err != nil {
+		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.Mode, err)
+	}
 	if err := grantRAM(t.Paths.RAM, prep.owner); err != nil {
+		os.Remove(t.Paths.RAM)
+		return fr, err
+	}
+	ramDone := time.Now()
+	if err := sharedmem.Inject(sharedmem.InjectAfterRAM); err != nil {
+		os.Remove(t.Paths.RAM)
 		return fr, err
 	}
 	if fr.Pause, err = w.Resume(ctx); err != nil {
@@ -85,8 +110,45 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	if fi, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = fi.Size()
 	}
-	mon.log.WithFields(logrus.Fields{"template": t.ID, "pause": fr.Pause}).Debug("frozen")
+	t.Manifest.RAMSharedWithChildren = ram.Mode != sharedmem.Stream
+	mon.log.WithFields(logrus.Fields{
+		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
+		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
+		"disk_ms": msSince(start, diskDone), "devstate_ms": msSince(diskDone, devDone),
+		"ram_ms": msSince(devDone, ramDone), "cont_ms": msSince(ramDone, time.Now()),
+	}).Debug("frozen")
 	return fr, nil
+}
+
+func msSince(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+
+// prepareRAM plans, before the pause, how src's RAM becomes t's. The
+// source keeps the file QEMU opened under libvirt's name for it (libvirt
+// removes that name when the domain stops); with libvirt's RAM directory on
+// another file system than vmfork's mem dir no template can be that file,
+// and the freeze copies it in the pause, saying why.
+func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machine, t *vmfork.Template, prep *freezePrep) (*sharedmem.Plan, error) {
+	shared, err := sharedmem.QOMShare(ctx, mon, ramAlias)
+	if err != nil {
+		return nil, err
+	}
+	pid := qemuPID(d.uri, src.Name)
+	if pid == 0 {
+		return nil, fmt.Errorf("machine %q: no QEMU pid in libvirt's run dir", src.Name)
+	}
+	p, err := sharedmem.Prepare(ctx, mon, sharedmem.PlanRequest{
+		PID: pid, SizeBytes: int64(src.Spec.MemoryMiB) << 20, Shared: shared && prep.shared,
+		RAM: prep.ram, Own: prep.ram, Template: t.Paths.RAM,
+		Temp:   filepath.Join(filepath.Dir(t.Paths.RAM), "."+t.ID+".ram.tmp"),
+		Suffix: ".ram",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("machine %q: %w", src.Name, err)
+	}
+	if p.CopyReason != nil {
+		mon.log.WithError(p.CopyReason).Warn("no RAM remap here: the freeze copies the RAM file while paused")
+	}
+	return p, nil
 }
 
 func suspend(ctx context.Context, dom *libvirt.Domain) error {

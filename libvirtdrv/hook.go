@@ -91,7 +91,8 @@ type ReapRequest struct {
 //   - "start begin", which libvirt 9.0 runs after it has made and labelled
 //     the domain's RAM directory and before it executes QEMU
 //     (qemuProcessLaunch; reference libvirt-children.md §3): link the
-//     template RAM file to the path QEMU will open;
+//     template RAM file to the path QEMU will open, for a child that maps
+//     its RAM private; never for one that maps it shared;
 //   - "release end", after QEMU is gone and libvirt has cleaned up: hand the
 //     child to Reap, so a child destroyed with virsh leaves nothing behind.
 //
@@ -127,6 +128,12 @@ func Hook(args []string, stdin io.Reader, opt HookOptions) error {
 			URI: md.URI, StateDir: filepath.Dir(filepath.Dir(md.MachineDir)), MemDir: filepath.Dir(md.TemplateRAM),
 			Machine: md.Machine, UUID: d.UUID,
 		})
+	}
+	if mb := d.MemoryBacking; mb != nil && mb.MemoryAccess != nil && mb.MemoryAccess.Mode == "shared" {
+		// QEMU maps this RAM file shared: a template linked there would be
+		// written by the child. QEMU makes a fresh file, and vmfork remaps
+		// the child privately onto the template before it runs (StartChild).
+		return nil
 	}
 	if d.ID == nil {
 		return fmt.Errorf("hook %s: domain XML has no id", d.Name)

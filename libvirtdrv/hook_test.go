@@ -103,6 +103,9 @@ func TestHookLeavesOthersAlone(t *testing.T) {
 		{"a booted machine", []string{"web-1", "start", "begin", "-"}, domainXMLWith(&Metadata{Machine: "web-1"})},
 		{"prepare", []string{"web-1", "prepare", "begin", "-"}, child},
 		{"release", []string{"web-1", "release", "end", "-"}, child},
+		// Mapped shared, a linked template would be written by the child.
+		{"a child mapping its RAM shared", []string{"web-1", "start", "begin", "-"},
+			strings.Replace(child, "</domain>", "<memoryBacking><source type='file'/><access mode='shared'/></memoryBacking></domain>", 1)},
 	}
 	for _, c := range cases {
 		if err := Hook(c.args, strings.NewReader(c.xml), HookOptions{QEMUConf: conf}); err != nil {
