@@ -157,7 +157,9 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 		f.abort(ctx, !errors.Is(err, ErrStillPaused))
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
-	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Info("source frozen")
+	// Debug: the CLI's progress line comes from the trace (trace.go).
+	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Debug("source frozen")
+	traceOf(ctx).sourceFrozen(FrozenInfo{Source: src.Name, Template: f.tpl.ID, Pause: msDuration(f.tpl.PauseMS), At: time.Now()})
 	Fault(FaultForkFrozen, src.PID)
 
 	inheritDevices(f.tpl, f.children)
@@ -467,22 +469,24 @@ func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Templa
 // down when opts say so; either way it counts as failed.
 func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, index int, live bool, member *Machine, opts IdentityOptions) (o childOutcome) {
 	log := mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": tpl.ID})
+	tr := traceOf(ctx)
 	start := time.Now()
+	tr.childStarted(ChildStartInfo{Child: c.Name, Template: tpl.ID, Index: index, Pooled: member != nil, At: start})
 	keep := false
 	defer func() {
 		if o.err == nil {
 			return
 		}
-		log.WithError(o.err).Warn("child failed")
-		if keep {
-			return
+		log.WithError(o.err).Debug("child failed") // the CLI prints it from the trace
+		if !keep {
+			if c.PID != 0 {
+				mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+			}
+			if err := mg.Store.RemoveMachine(c.Name); err != nil {
+				log.WithError(err).Warn("could not remove the failed child's files")
+			}
 		}
-		if c.PID != 0 {
-			mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
-		}
-		if err := mg.Store.RemoveMachine(c.Name); err != nil {
-			log.WithError(err).Warn("could not remove the failed child's files")
-		}
+		tr.childFailed(ChildFailedInfo{Child: c.Name, Err: o.err, Identity: o.Identity, At: time.Now()})
 	}()
 	if tpl.Paths.Disk != "" && member == nil {
 		if err := overlay.Create(ctx, tpl.Paths.Disk, c.Paths.Disk); err != nil {
@@ -521,6 +525,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 		return childOutcome{err: err}
 	}
 	Fault(FaultForkRunning, c.PID)
+	tr.childRunning(ChildRunningInfo{Child: c.Name, PID: c.PID, Running: running, At: time.Now()})
 	result := ChildResult{Name: c.Name, PID: c.PID, Ports: c.Spec.Ports, RunningMS: ms(running)}
 	opts.Edit = faultIdentity(opts.Edit, c)
 	id, err := mg.applyIdentity(ctx, c, tpl, index, live, opts)
@@ -538,8 +543,10 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 	if err := mg.Store.SaveMachine(c); err != nil {
 		return childOutcome{ChildResult: result, err: err}
 	}
-	result.ReadyMS = ms(time.Since(start))
-	log.WithFields(logrus.Fields{"running_ms": result.RunningMS, "ready_ms": result.ReadyMS}).Info("child ready")
+	ready := time.Now()
+	result.ReadyMS = ms(ready.Sub(start))
+	log.WithFields(logrus.Fields{"running_ms": result.RunningMS, "ready_ms": result.ReadyMS}).Debug("child ready")
+	tr.childReady(ChildReadyInfo{ChildResult: result, At: ready})
 	return childOutcome{ChildResult: result}
 }
 
@@ -554,3 +561,6 @@ func (mg *Manager) waitAgent(ctx context.Context, m *Machine) error {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// msDuration is the inverse of ms, for figures kept in milliseconds.
+func msDuration(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }

@@ -159,6 +159,7 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	env := &customize.Env{
 		Agent:    agent,
 		HostKeys: &hostKeys,
+		StepDone: traceOf(ctx).stepDone(c.Name),
 		Child: customize.Child{
 			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,
 			Mode: spec.Mode(), MAC: c.GuestMAC, OldMACs: mg.inheritedMACs(c, tpl),

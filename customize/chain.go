@@ -68,6 +68,11 @@ type Env struct {
 	// Now is the host clock; nil means time.Now. Tests inject one.
 	Now func() time.Time
 
+	// StepDone, if set, is called with each step's result as soon as the
+	// step has ended (the steps of a batch once the batch has), so that a
+	// caller can report progress. It must return quickly.
+	StepDone func(StepResult)
+
 	// HostKeys makes the SSH host keys; nil makes them when they are
 	// needed. A fork shares one and has it start early (Prefetch), since an
 	// RSA key takes long to make.
@@ -309,6 +314,7 @@ func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
 		res.ElapsedMS, res.GuestCommands = ms(env.now().Sub(start)), int(ca.n.Load())
 	}()
 	var failed error
+	reported := len(res.Steps) // steps a caller's Result held already
 	for i := 0; i < len(c.steps); {
 		s := c.steps[i]
 		switch {
@@ -324,6 +330,9 @@ func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
 			res.Steps = append(res.Steps, sr)
 			failed = err
 			i++
+		}
+		for ; env.StepDone != nil && reported < len(res.Steps); reported++ {
+			env.StepDone(res.Steps[reported])
 		}
 	}
 	var stepsMS float64

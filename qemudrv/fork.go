@@ -186,6 +186,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		return err
 	}
 	defer mon.Close()
+	vmfork.TraceChildPhase(ctx, m.Name, vmfork.PhaseQMPReady)
 	got := manifestOf(m, mon.Greeting())
 	got.RAMSharedWithChildren, got.DevStateBytes = t.Manifest.RAMSharedWithChildren, t.Manifest.DevStateBytes
 	if err := got.Check(t.Manifest); err != nil {
@@ -223,6 +224,7 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		}
 		return fmt.Errorf("load device state: %w", err)
 	}
+	vmfork.TraceChildPhase(ctx, m.Name, vmfork.PhaseStateLoaded)
 	// The child wakes with its source's MAC and addresses: keep it off the
 	// network until its identity chain has run (vmfork.LinkSetter).
 	if err := mon.SetLink(ctx, nicID, false); err != nil {

@@ -250,7 +250,7 @@ func TestExploreKilledMidWayLeavesNoBranch(t *testing.T) {
 	e.stopReapersOnCleanup()
 	src := e.boot("src")
 	cmd := exec.Command(e.bin, "--state-dir", e.stateDir, "--mem-dir", e.memDir,
-		"explore", "src", "--try", "sleep 600", "--try", "sleep 601", "--try-timeout", "10m")
+		"explore", "src", "--try", "sleep 600", "--try", "sleep 601", "--try-timeout", "10m", "--trace-json")
 	// A file, not a buffer: the test reads it while vmfork writes it.
 	logPath := filepath.Join(t.TempDir(), "explore.log")
 	logf, err := os.Create(logPath)
@@ -270,8 +270,9 @@ func TestExploreKilledMidWayLeavesNoBranch(t *testing.T) {
 			cmd.Wait()
 		}
 	}()
-	// Kill it once both branches run their tries.
-	if !waitFor(3*time.Minute, func() bool { return strings.Contains(stderr(), "branches forked") }) {
+	// Kill it once both branches are ready (its trace says so) and run
+	// their tries.
+	if !waitFor(3*time.Minute, func() bool { return len(traceEvents(stderr(), "child_ready")) == 2 }) {
 		t.Fatalf("branches did not come up; stderr: %s", stderr())
 	}
 	time.Sleep(time.Second)

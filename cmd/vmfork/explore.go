@@ -46,6 +46,7 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 		&cli.IntFlag{Name: "tail-bytes", Usage: "bytes of stdout and stderr kept per try", Value: vmfork.DefaultTailBytes},
 		ttlFlag,
 		jsonFlag,
+		traceJSONFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 1 {
@@ -78,7 +79,7 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 		if err != nil {
 			return err
 		}
-		res, err := mg.Explore(ctx, req)
+		res, err := mg.Explore(withProgress(ctx, cliCtx), req)
 		if res == nil {
 			return err
 		}

@@ -73,6 +73,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
+		traceJSONFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() < 1 {
@@ -120,7 +121,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 			}
 			return printPlan(cliCtx, p)
 		}
-		res, err := mg.Fork(ctx, req)
+		res, err := mg.Fork(withProgress(ctx, cliCtx), req)
 		if res == nil {
 			return err
 		}

@@ -46,6 +46,7 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 		ttlFlag,
 		dryRunFlag,
 		jsonFlag,
+		traceJSONFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 2 {
@@ -68,7 +69,7 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 			}
 			return printPlan(cliCtx, p)
 		}
-		t, err := mg.Keep(ctx, req)
+		t, err := mg.Keep(withProgress(ctx, cliCtx), req)
 		if t == nil {
 			return err
 		}

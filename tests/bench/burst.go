@@ -115,7 +115,7 @@ func Burst(ctx context.Context, e *Env, opt BurstOptions) (res *BurstResult, err
 	defer e.events.reset(nil)
 	e.announce("burst: forking %d children, %d at a time", opt.Count, opt.Parallel)
 	start := time.Now()
-	fr, err = e.mgr.Fork(ctx, vmfork.ForkRequest{
+	fr, err = e.mgr.Fork(e.events.attach(ctx), vmfork.ForkRequest{
 		Source: src.Name, Count: opt.Count, Parallel: opt.Parallel,
 		MaxChildren: max(opt.Count, vmfork.DefaultMaxChildren),
 	})

@@ -79,7 +79,7 @@ type Env struct {
 	memDir string
 	mgr    *vmfork.Manager
 	log    *logrus.Entry
-	events *eventHook
+	events *forkEvents
 	host   Host
 
 	mu      sync.Mutex
@@ -131,14 +131,14 @@ func NewEnv(ctx context.Context, cfg Config) (*Env, error) {
 	}
 	l := logrus.New()
 	l.SetOutput(io.Discard)
-	l.SetLevel(logrus.DebugLevel)
-	e.events = &eventHook{}
-	l.AddHook(e.events)
+	e.events = &forkEvents{}
+	e.events.reset(nil)
+	level := logrus.InfoLevel
+	if cfg.Debug {
+		level = logrus.DebugLevel
+	}
+	l.SetLevel(level)
 	if cfg.Log != nil {
-		level := logrus.InfoLevel
-		if cfg.Debug {
-			level = logrus.DebugLevel
-		}
 		l.AddHook(writerHook{w: cfg.Log, level: level, f: &logrus.TextFormatter{DisableTimestamp: true}})
 	}
 	log := logrus.NewEntry(l)

@@ -1,93 +1,94 @@
 package bench
 
 import (
+	"context"
 	"io"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork"
 )
 
-// eventHook notes the moments of some of vmfork's own log events: each fork
-// child's "ready" (the ready-over-time curve of a burst: ForkResult has
-// per-child durations only, each from the child's own start, and children
-// wait for a slot), the end of the freeze, and each QMP command a child's
-// QEMU gets (the phases of a fork child: QMP up, load done, cont).
-type eventHook struct {
-	mu     sync.Mutex
-	events []event
-	notify func() // called on each "child ready"
+// forkEvents notes the moments a fork's trace (vmfork.ForkTrace) reports:
+// each child's start and the phases its driver reports (the phases of a
+// fork child: QMP up, load done, cont), and each child's ready (the
+// ready-over-time curve of a burst: ForkResult has per-child durations
+// only, each from the child's own start, and children wait for a slot).
+// The harness learns no phase from vmfork's log text.
+type forkEvents struct {
+	mu      sync.Mutex
+	started map[string]time.Time
+	phases  map[string]map[vmfork.ChildPhase]time.Time
+	ready   []time.Time
+	notify  func() // called on each ready child
 }
 
-type event struct {
-	at           time.Time
-	msg, machine string
-	cmd          string // qmp_cmd of a QMP command
+// attach returns ctx carrying the trace that feeds e.
+func (e *forkEvents) attach(ctx context.Context) context.Context {
+	return vmfork.WithForkTrace(ctx, &vmfork.ForkTrace{
+		ChildStarted: func(i vmfork.ChildStartInfo) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.started[i.Child] = i.At
+		},
+		ChildPhase: func(i vmfork.ChildPhaseInfo) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.phases[i.Child] == nil {
+				e.phases[i.Child] = map[vmfork.ChildPhase]time.Time{}
+			}
+			e.phases[i.Child][i.Phase] = i.At
+		},
+		ChildReady: func(i vmfork.ChildReadyInfo) {
+			e.mu.Lock()
+			e.ready = append(e.ready, i.At)
+			n := e.notify
+			e.mu.Unlock()
+			if n != nil {
+				n()
+			}
+		},
+	})
 }
 
-// vmfork's log messages the harness times (fork.go, qmp/monitor.go).
-const (
-	readyMessage  = "child ready"
-	frozenMessage = "source frozen"
-	qmpMessage    = "qmp command"
-)
-
-func (h *eventHook) Levels() []logrus.Level {
-	return []logrus.Level{logrus.InfoLevel, logrus.DebugLevel}
-}
-
-func (h *eventHook) Fire(en *logrus.Entry) error {
-	if en.Message != readyMessage && en.Message != frozenMessage && en.Message != qmpMessage {
-		return nil
-	}
-	ev := event{at: en.Time, msg: en.Message}
-	ev.machine, _ = en.Data["machine"].(string)
-	ev.cmd, _ = en.Data["qmp_cmd"].(string)
-	h.mu.Lock()
-	h.events = append(h.events, ev)
-	n := h.notify
-	h.mu.Unlock()
-	if n != nil && ev.msg == readyMessage {
-		n()
-	}
-	return nil
-}
-
-// reset forgets earlier events and calls notify on each new "child ready".
-func (h *eventHook) reset(notify func()) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.events, h.notify = nil, notify
+// reset forgets earlier events and calls notify on each new ready child.
+func (e *forkEvents) reset(notify func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.started, e.phases, e.ready, e.notify = map[string]time.Time{}, map[string]map[vmfork.ChildPhase]time.Time{}, nil, notify
 }
 
 // readySince returns the moments children were ready, in ms since t0.
-func (h *eventHook) readySince(t0 time.Time) []float64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (e *forkEvents) readySince(t0 time.Time) []float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	var out []float64
-	for _, ev := range h.events {
-		if ev.msg == readyMessage {
-			out = append(out, ms(ev.at.Sub(t0)))
-		}
+	for _, at := range e.ready {
+		out = append(out, ms(at.Sub(t0)))
 	}
 	return out
 }
 
-// first returns the first event with msg (and, if not empty, machine and
-// QMP command); ok is false if there is none.
-func (h *eventHook) first(msg, machine, cmd string) (time.Time, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, ev := range h.events {
-		if ev.msg == msg && (machine == "" || ev.machine == machine) && (cmd == "" || ev.cmd == cmd) {
-			return ev.at, true
-		}
-	}
-	return time.Time{}, false
+// childStart returns the moment child's creation began.
+func (e *forkEvents) childStart(child string) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	at, ok := e.started[child]
+	return at, ok
+}
+
+// phase returns the moment child's driver reported phase.
+func (e *forkEvents) phase(child string, phase vmfork.ChildPhase) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	at, ok := e.phases[child][phase]
+	return at, ok
 }
 
 // writerHook passes vmfork's log lines at the user's level to a writer; the
-// logger itself runs at debug level for eventHook and writes nowhere.
+// logger itself writes nowhere.
 type writerHook struct {
 	w     io.Writer
 	level logrus.Level

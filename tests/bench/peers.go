@@ -456,7 +456,7 @@ func (e *Env) fill(ctx context.Context, sz *PeersSize, run guestRunner, method M
 // forkOne forks one child of src and reads its memory once it settled.
 func (e *Env) forkOne(ctx context.Context, src string) (Sample, string, error) {
 	e.events.reset(nil)
-	f, err := forkSample(ctx, e.mgr, src)
+	f, err := forkSample(e.events.attach(ctx), e.mgr, src)
 	if err != nil {
 		return f.Sample, f.name, err
 	}
@@ -510,19 +510,18 @@ func forkSample(ctx context.Context, mg *vmfork.Manager, src string) (forked, er
 	return f, nil
 }
 
-// forkPhases splits a fork child's time at the moments vmfork logged (see
-// eventHook): the end of the freeze (the child's start), its QEMU's first
-// command after qmp_capabilities (QMP is up), set_link (sent right after the
-// load completed), and vmfork's own running and ready figures. QEMU START then includes the
+// forkPhases splits a fork child's time at the moments its fork's trace
+// reported (forkEvents): the child's start, its QEMU answering
+// qmp_capabilities (QEMU greets before it has finished starting, and
+// answers that first command only then), its device state loaded, and
+// vmfork's own running and ready figures. QEMU START then includes the
 // overlay and the records, which the floor does not have. Zero phases when
-// an event is missing (vmfork's logging changed).
+// a moment is missing (a pool member's QEMU was up before the fork).
 func (e *Env) forkPhases(c vmfork.ChildResult, steps []Step) Phases {
 	p := identityPhases(c, steps)
-	t0, ok1 := e.events.first(frozenMessage, "", "")
-	// Not qmp_capabilities: QEMU greets before it has finished starting,
-	// and answers that first command only then.
-	qmpUp, ok2 := e.events.first(qmpMessage, c.Name, "migrate-set-capabilities")
-	loaded, ok3 := e.events.first(qmpMessage, c.Name, "set_link")
+	t0, ok1 := e.events.childStart(c.Name)
+	qmpUp, ok2 := e.events.phase(c.Name, vmfork.PhaseQMPReady)
+	loaded, ok3 := e.events.phase(c.Name, vmfork.PhaseStateLoaded)
 	if ok1 && ok2 && ok3 {
 		p.QEMUStartMS, p.LoadMS, p.ContMS = ms(qmpUp.Sub(t0)), ms(loaded.Sub(qmpUp)), c.RunningMS-ms(loaded.Sub(t0))
 	}
