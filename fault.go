@@ -65,6 +65,7 @@ var FaultPoints = []string{
 	FaultForkReserved, FaultFreezePaused, FaultForkFrozen, FaultQEMUSpawned,
 	FaultForkRunning, FaultForkIdentity, FaultSaveReserved, FaultSaveFrozen,
 	FaultPoolFilled, FaultPoolTaken, FaultRmStopped, FaultRmRemoving,
+	FaultHibernateFrozen, FaultHibernateCommitted, FaultResumeRunning, // hibernate.go
 }
 
 var fault = parseFault(os.Getenv(FaultEnv))

@@ -118,10 +118,12 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	defer unlock()
-	if _, err := mg.Store.LoadMachine(req.Source); errors.Is(err, ErrNotFound) {
+	if m, err := mg.Store.LoadMachine(req.Source); errors.Is(err, ErrNotFound) {
 		if t, err := mg.Store.FindKept(req.Source); err == nil {
 			return mg.forkKept(ctx, forker, req, t)
 		}
+	} else if err == nil && m.State == StateHibernated {
+		return mg.forkHibernated(ctx, forker, req) // hibernate.go
 	}
 	src, names, adopted, err := mg.checkFork(ctx, req)
 	if err != nil {

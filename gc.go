@@ -31,9 +31,14 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 	}
 	users := map[string]int{}
 	layers := map[string]bool{}
+	hibernated := map[string]bool{} // templates holding a machine's hibernated instant (hibernate.go)
 	for _, m := range ms {
 		mg.refresh(ctx, m)
-		if m.Template != "" && m.State != StateStopped {
+		if m.Hibernated != "" {
+			hibernated[m.Hibernated] = true
+		}
+		// A hibernated machine maps no template's RAM.
+		if m.Template != "" && m.State != StateStopped && m.State != StateHibernated {
 			users[m.Template]++
 		}
 		if m.Spec.Disk == "" {
@@ -53,7 +58,7 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 	// that template's disk is read-only and cannot be rebased.
 	needed := map[string]bool{}
 	for _, t := range ts {
-		if (users[t.ID] == 0 && t.Name == "") || t.Paths.Disk == "" {
+		if (users[t.ID] == 0 && t.Name == "" && !hibernated[t.ID]) || t.Paths.Disk == "" {
 			continue
 		}
 		chain, err := overlay.Chain(t.Paths.Disk)
@@ -69,6 +74,16 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 		// which would copy the user's whole image): its template can go as
 		// soon as no child maps its RAM.
 		ownDisk := t.Paths.Disk != "" && !t.ForeignDisk
+		if hibernated[t.ID] {
+			// It stays while its machine is hibernated; a copy of its RAM
+			// in the mem dir only while children map it.
+			if users[t.ID] == 0 {
+				if err := mg.Store.dropThawed(t); err != nil {
+					mg.Log.WithField("template", t.ID).WithError(err).Warn("could not free template memory")
+				}
+			}
+			continue
+		}
 		// A kept template (kept.go) stays until it is given up.
 		if users[t.ID] > 0 || t.Name != "" {
 			continue

@@ -154,6 +154,9 @@ func (mg *Manager) Recover(ctx context.Context) error {
 // again later (a name it needs is locked by a live command, or a source
 // could not be resumed).
 func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err error) {
+	if e.Op == "hibernate" || e.Op == "resume" {
+		return mg.repairHibernation(ctx, e) // hibernate.go
+	}
 	lockName := e.Source
 	var tpl *Template
 	if e.Template != "" {

@@ -25,6 +25,9 @@ const (
 	// StatePooled is a warm-pool process of a kept template (pool.go): QEMU
 	// started and waiting for a fork to load the device state.
 	StatePooled State = "pooled"
+	// StateHibernated is a machine frozen into a template of its own with
+	// its QEMU ended and its RAM on disk (hibernate.go); resume continues it.
+	StateHibernated State = "hibernated"
 )
 
 // PortForward forwards a host TCP port to a guest TCP port through QEMU's
@@ -247,6 +250,11 @@ type Machine struct {
 	// (ttl.go) removes the machine once it has passed, with no vmfork
 	// command running.
 	Expires time.Time `json:"expires,omitzero"`
+	// Hibernated is the template that holds a hibernated machine's
+	// instant (hibernate.go). It is set from just before the freeze of a
+	// hibernate until a resume has finished, which keeps the template from
+	// being collected meanwhile.
+	Hibernated string `json:"hibernated,omitempty"`
 	// Adopted is set on a machine vmfork did not make but took charge of to
 	// fork it (adopt.go); nil for machines vmfork booted or forked.
 	Adopted *Adoption `json:"adopted,omitempty"`

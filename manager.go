@@ -114,8 +114,8 @@ func (mg *Manager) List(ctx context.Context) ([]*Machine, error) {
 // refresh replaces m.State with what the driver sees, for machines of this
 // manager's driver. A machine whose QEMU exited on its own shows as stopped.
 func (mg *Manager) refresh(ctx context.Context, m *Machine) {
-	if m.Driver != mg.Driver.Name() || m.State == StateCreating {
-		return
+	if m.Driver != mg.Driver.Name() || m.State == StateCreating || m.State == StateHibernated {
+		return // a hibernated machine has no process to ask about
 	}
 	st, err := mg.Driver.Status(ctx, m)
 	if err != nil {
@@ -186,6 +186,10 @@ func (mg *Manager) Stop(ctx context.Context, name string, force bool) (*Machine,
 	m, err := mg.Store.LoadMachine(name)
 	if err != nil {
 		return nil, fmt.Errorf("stop: %w", err)
+	}
+	if m.State == StateHibernated {
+		// Stopping would throw its RAM away: that is what rm is for.
+		return nil, fmt.Errorf("stop %q: machine is hibernated (vmfork resume or vmfork rm it): %w", name, ErrInvalid)
 	}
 	if err := mg.stopLocked(ctx, m, force); err != nil {
 		return nil, err

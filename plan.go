@@ -72,6 +72,16 @@ func (mg *Manager) PlanFork(ctx context.Context, req ForkRequest) (*Plan, error)
 	p := &Plan{Command: "fork", Changed: true, Source: req.Source}
 	var names []string
 	var parent string
+	if m, err := mg.Store.LoadMachine(req.Source); err == nil && m.State == StateHibernated {
+		if names, err = mg.childNames(req); err != nil {
+			return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+		}
+		if err := req.Identity.ValidateFor(len(names)); err != nil {
+			return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+		}
+		p.add("start %d children from hibernated machine %q's instant (template %s); it stays hibernated", len(names), m.Name, m.Hibernated)
+		return mg.planChildren(p, names, m.Name, req)
+	}
 	if _, err := mg.Store.LoadMachine(req.Source); errors.Is(err, ErrNotFound) {
 		if t, err := mg.Store.FindKept(req.Source); err == nil {
 			if !t.HasMemory {
@@ -240,6 +250,8 @@ func (mg *Manager) PlanRemove(ctx context.Context, names []string, force bool) (
 			continue
 		case m.State == StateStopped:
 			p.add("delete stopped machine %q with its disk overlay, record and logs", name)
+		case m.State == StateHibernated:
+			p.add("delete hibernated machine %q with its disk overlay, record and logs; its RAM file on disk goes once no child of it maps it", name)
 		default:
 			p.add("kill machine %q (pid %d) and delete it with its disk overlay, record, sockets, logs and RAM file", name, m.PID)
 		}

@@ -56,6 +56,11 @@ type Template struct {
 	// none: the reaper (ttl.go) then gives the name up, and the template
 	// goes once its last child has gone.
 	Expires time.Time `json:"expires,omitzero"`
+	// Hibernation is the sparse copy of the RAM file under the state dir
+	// while a hibernated machine's instant is kept in this template
+	// (hibernate.go). The RAM file in the mem dir (Paths.RAM) is then there
+	// only while children of the hibernated machine map it.
+	Hibernation string `json:"hibernation,omitempty"`
 	// SourceParent and SourceTemplate are the source's own lineage at the
 	// freeze, so that vmfork tree can place this template after its source
 	// machine was removed.

@@ -101,7 +101,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 		Before:                setupLogging,
 		Commands: []*cli.Command{
 			bootCommand,
-			forkCommand, checkpointCommand, rewindCommand,
+			forkCommand, checkpointCommand, rewindCommand, hibernateCommand, resumeCommand,
 			templateCommand,
 			lsCommand,
 			execCommand,

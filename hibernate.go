@@ -1,0 +1,647 @@
+package vmfork
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmfork/vmfork/customize"
+	"github.com/vmfork/vmfork/overlay"
+)
+
+// Hibernate and resume are built on the fork primitive (DESIGN, "The one
+// primitive"). Hibernate freezes a running machine into a template of its
+// own, as a fork does, writes the template's RAM to a sparse file under the
+// state dir, and ends the machine's QEMU: the RAM on the mem dir's tmpfs
+// goes, and the host has the memory back. Resume is a fork in place, as a
+// rewind is: a child of that template takes the machine's name, directory,
+// host ports and guest MAC. Its identity is not made again (it is the same
+// machine continuing); only its clock is stepped to the host's, since the
+// guest's clock stood still while it slept and would lag by that long.
+//
+// A fork of a hibernated machine makes children of the same template and
+// leaves the machine hibernated. Both it and resume first bring the RAM
+// back to the mem dir ("thaw"): children map RAM share=off from there, and
+// their own forks keep their RAM files next to it.
+//
+// Crash safety: Machine.Hibernated names the template before the freeze, so
+// nothing collects it meanwhile, and the record's state turning to
+// hibernated is the commit point. It is written once the RAM file on disk
+// is complete and before the QEMU is ended. A kill -9 before it leaves the
+// machine running (the journal's repair clears Hibernated, and the template
+// is collected); after it, the repair ends the QEMU if it still runs and
+// frees the mem dir, leaving a complete hibernated machine. A resume cut
+// short is put back to hibernated: the RAM file on disk is removed only
+// once the resumed machine runs.
+
+// fileHibernatedRAM is the RAM file of a hibernated machine's template, in
+// the template's directory under the state dir.
+const fileHibernatedRAM = "ram.hibernated"
+
+// Fault points of hibernate and resume (fault.go).
+const (
+	// FaultHibernateFrozen: the machine is frozen into its template and
+	// runs again; its RAM is not yet on disk, its record not hibernated.
+	FaultHibernateFrozen = "hibernate.frozen"
+	// FaultHibernateCommitted: the record says hibernated and the RAM is
+	// on disk; the machine's QEMU still runs.
+	FaultHibernateCommitted = "hibernate.committed"
+	// FaultResumeRunning: the resumed machine's new QEMU runs; its clock
+	// step has not run and its record is not final.
+	FaultResumeRunning = "resume.running"
+)
+
+// HibernateResult is what a hibernate did. Its JSON form is a contract with
+// scripts: change it only by adding.
+type HibernateResult struct {
+	Name     string  `json:"name"`
+	State    State   `json:"state"`
+	Template string  `json:"template"`
+	PauseMS  float64 `json:"pause_ms"`
+	// RAMFile is the sparse file under the state dir that holds the RAM;
+	// RAMBytes is what it stores (its allocated extents), RAMSizeBytes its
+	// length (the machine's RAM size).
+	RAMFile      string  `json:"ram_file"`
+	RAMBytes     int64   `json:"ram_bytes"`
+	RAMSizeBytes int64   `json:"ram_size_bytes"`
+	ElapsedMS    float64 `json:"elapsed_ms"`
+}
+
+// ResumeRequest asks to resume hibernated machine Machine. Identity edits
+// the resume's chain, which runs only the agent and clock steps.
+type ResumeRequest struct {
+	Machine  string
+	Identity IdentityOptions
+}
+
+// hibernator returns the driver's Forker if it can hibernate: resume
+// starts a new process from a record whose files stay where the machine's
+// were, which only a driver with in-place starts does (as for rewind).
+func (mg *Manager) hibernator(verb, name string) (Forker, error) {
+	forker, ok := mg.Driver.(Forker)
+	_, inPlace := mg.Driver.(Pooler)
+	if !ok || !inPlace {
+		return nil, fmt.Errorf("%s %q: %s is not supported by the %s driver: %w", verb, name, verb, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := ValidateName(name); err != nil {
+		return nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	return forker, nil
+}
+
+// checkHibernate refuses what cannot be hibernated, before anything changes.
+func (mg *Manager) checkHibernate(m *Machine) error {
+	switch {
+	case m.Driver != mg.Driver.Name():
+		return fmt.Errorf("hibernate %q: machine belongs to driver %q: %w", m.Name, m.Driver, ErrInvalid)
+	case m.Adopted != nil:
+		return fmt.Errorf("hibernate %q: an adopted machine's process is its owner's to end: %w", m.Name, ErrUnsupported)
+	case m.State == StateHibernated:
+		return fmt.Errorf("hibernate %q: machine is hibernated already: %w", m.Name, ErrInvalid)
+	case m.State != StateRunning:
+		return fmt.Errorf("hibernate %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
+	}
+	return nil
+}
+
+// Hibernate freezes running machine name, writes its RAM to disk and ends
+// its QEMU. Until the record says hibernated any failure leaves the machine
+// running; the error says which.
+func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateResult, err error) {
+	start := time.Now()
+	defer func() { err = mg.Store.explainFull(err, 0) }()
+	forker, err := mg.hibernator("hibernate", name)
+	if err != nil {
+		return nil, err
+	}
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
+	}
+	unlock, err := mg.Store.Lock(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("hibernate %q: %w", name, err)
+	}
+	defer unlock()
+	m, err := mg.Get(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("hibernate: %w", err)
+	}
+	if err := mg.checkHibernate(m); err != nil {
+		return nil, err
+	}
+	t, done, err := mg.prepareHibernation(m)
+	if err != nil {
+		return nil, fmt.Errorf("hibernate %q: %w", name, err)
+	}
+	// Until the commit every failure leaves m running, and its template
+	// goes as an unused one.
+	runsOn := func(err error) (*HibernateResult, error) {
+		m.Hibernated = ""
+		if serr := mg.Store.SaveMachine(m); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		if !errors.Is(err, ErrStillPaused) {
+			done() // a source still paused keeps its entry: the repair resumes it
+		}
+		mg.collectTemplates(ctx)
+		return nil, fmt.Errorf("hibernate %q: %w (the machine runs on)", name, err)
+	}
+	if err := mg.freezeRunning(ctx, forker, m, t); err != nil {
+		return runsOn(err)
+	}
+	Fault(FaultHibernateFrozen, m.PID)
+	img := filepath.Join(t.Paths.Dir, fileHibernatedRAM)
+	stored, err := copySparse(ctx, t.Paths.RAM, img, true)
+	if err != nil {
+		return runsOn(fmt.Errorf("write RAM to %s: %w", img, err))
+	}
+	t.Hibernation = img
+	if err := mg.Store.SaveTemplate(t); err != nil {
+		os.Remove(img)
+		return runsOn(err)
+	}
+	m.State = StateHibernated // the commit
+	if err := mg.Store.SaveMachine(m); err != nil {
+		return runsOn(err)
+	}
+	Fault(FaultHibernateCommitted, m.PID)
+	if err := mg.endHibernated(ctx, m, t); err != nil {
+		// The entry stays: the next command ends the process.
+		return nil, fmt.Errorf("hibernate %q: %w", name, err)
+	}
+	done()
+	mg.collectTemplates(ctx) // the template m was a child of may be unused now
+	mg.Log.WithFields(logrus.Fields{"machine": name, "template": t.ID, "ram_bytes": stored}).Info("machine hibernated")
+	return &HibernateResult{
+		Name: name, State: StateHibernated, Template: t.ID, PauseMS: t.PauseMS,
+		RAMFile: img, RAMBytes: stored, RAMSizeBytes: int64(t.Spec.MemoryMiB) << 20,
+		ElapsedMS: ms(time.Since(start)),
+	}, nil
+}
+
+// prepareHibernation reserves m's template, journals the hibernate and
+// records the template in m, in that order, as prepareFork does for a fork.
+func (mg *Manager) prepareHibernation(m *Machine) (*Template, func(), error) {
+	t, err := mg.Store.NewTemplate(m.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Driver, t.Accel, t.Spec = m.Driver, m.Accel, m.Spec
+	t.SourceParent, t.SourceTemplate = m.Parent, m.Template
+	if m.Spec.Disk == "" {
+		t.Paths.Disk = ""
+	}
+	done, err := mg.Store.journal(journalEntry{Op: "hibernate", Source: m.Name, Template: t.ID})
+	if err != nil {
+		mg.Store.RemoveTemplate(t.ID)
+		return nil, nil, err
+	}
+	m.Hibernated = t.ID // protects t from collectTemplates (gc.go)
+	if err = mg.Store.SaveMachine(m); err == nil {
+		err = mg.Store.SaveTemplate(t)
+	}
+	if err != nil {
+		m.Hibernated = ""
+		mg.Store.SaveMachine(m)
+		done()
+		mg.Store.RemoveTemplate(t.ID)
+		return nil, nil, err
+	}
+	return t, done, nil
+}
+
+// endHibernated ends hibernated machine m's QEMU and frees the mem dir of
+// its RAM: its own file and the template's (both on disk now). Idempotent.
+func (mg *Manager) endHibernated(ctx context.Context, m *Machine, t *Template) error {
+	if err := mg.stopAll(ctx, m); err != nil {
+		return fmt.Errorf("end the QEMU process: %w", err)
+	}
+	for _, p := range []string{mg.Store.MachinePaths(m.Name).RAM, t.Paths.RAM} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("free RAM file: %w", err)
+		}
+	}
+	m.PID = 0
+	return mg.Store.SaveMachine(m)
+}
+
+// Resume continues hibernated machine req.Machine from its template, in
+// place. If the new process fails to come up the machine stays hibernated
+// and the error says so.
+func (mg *Manager) Resume(ctx context.Context, req ResumeRequest) (res *ChildResult, err error) {
+	start := time.Now()
+	defer func() { err = mg.Store.explainFull(err, 0) }()
+	forker, err := mg.hibernator("resume", req.Machine)
+	if err != nil {
+		return nil, err
+	}
+	if err := req.Identity.ValidateFor(1); err != nil {
+		return nil, fmt.Errorf("resume %q: %w", req.Machine, err)
+	}
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
+	}
+	unlock, err := mg.Store.Lock(ctx, req.Machine)
+	if err != nil {
+		return nil, fmt.Errorf("resume %q: %w", req.Machine, err)
+	}
+	defer unlock()
+	m, t, err := mg.hibernatedMachine(ctx, "resume", req.Machine)
+	if err != nil {
+		return nil, err
+	}
+	done, err := mg.Store.journal(journalEntry{Op: "resume", Source: m.Name, Template: t.ID})
+	if err != nil {
+		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
+	}
+	defer done()
+	old := *m
+	c, err := mg.resumedMachine(ctx, m, t)
+	fail := func(err error) (*ChildResult, error) {
+		if c != nil && c.Paths.Disk != old.Paths.Disk {
+			os.Remove(c.Paths.Disk)
+		}
+		old.Template = t.ID // as a crashed resume leaves it (journal.go)
+		if serr := mg.Store.SaveMachine(&old); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		return nil, fmt.Errorf("resume %q: %w (the machine stays hibernated)", m.Name, err)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if err := forker.StartChild(ctx, c, t); err != nil {
+		return fail(err)
+	}
+	running := time.Since(start)
+	Fault(FaultResumeRunning, c.PID)
+	opts := req.Identity
+	opts.Edit = resumeChain(opts.Edit)
+	id, err := mg.applyIdentity(ctx, c, t, 1, true, opts)
+	if err != nil {
+		mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+		return fail(fmt.Errorf("identity: %w", err))
+	}
+	c.State, c.Hibernated = StateRunning, ""
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return nil, err
+	}
+	if c.Paths.Disk != "" {
+		overlay.RemoveOldTops(c.Paths.Dir, c.Paths.Disk)
+	}
+	// The machine maps the thawed RAM now; the copy on disk has served.
+	if t.Hibernation != "" {
+		os.Remove(t.Hibernation)
+		t.Hibernation = ""
+		if err := mg.Store.SaveTemplate(t); err != nil {
+			mg.Log.WithError(err).Warn("could not record the resumed machine's template")
+		}
+	}
+	mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": t.ID}).Info("machine resumed")
+	return &ChildResult{
+		Name: c.Name, PID: c.PID, State: StateRunning, Ports: c.Spec.Ports, Identity: id,
+		RunningMS: ms(running), ReadyMS: ms(time.Since(start)),
+	}, nil
+}
+
+// hibernatedMachine loads hibernated machine name and its template, checks
+// that the template fits this host and brings its RAM back to the mem dir.
+// The caller holds name's lock.
+func (mg *Manager) hibernatedMachine(ctx context.Context, verb, name string) (*Machine, *Template, error) {
+	m, err := mg.Store.LoadMachine(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	if m.State != StateHibernated {
+		return nil, nil, fmt.Errorf("%s %q: machine is %s, not hibernated: %w", verb, name, m.State, ErrInvalid)
+	}
+	t, err := mg.Store.LoadTemplate(m.Hibernated)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
+	}
+	if err := mg.CheckTemplate(ctx, t); err != nil {
+		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
+	}
+	if err := mg.Store.thaw(ctx, t); err != nil {
+		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
+	}
+	return m, t, nil
+}
+
+// resumedMachine is machine m's record as a child of its hibernation
+// template t, saved in state creating: m's name, files, ports, guest MAC,
+// vmgenid and lineage, t's RAM and a new disk overlay on t's frozen disk
+// (a new name: QEMU reopens images by name). Its Template is t from now
+// on, so t counts as used while the new process starts.
+func (mg *Manager) resumedMachine(ctx context.Context, m *Machine, t *Template) (*Machine, error) {
+	c := *m
+	c.State, c.PID, c.Accel = StateCreating, 0, t.Accel
+	c.Spec = t.Spec
+	c.Spec.Ports = slices.Clone(m.Spec.Ports)
+	c.Template = t.ID
+	c.Paths.RAM, c.Paths.RAMShared = t.Paths.RAM, false
+	// The same machine going on: its vmgenid stays (no RNG reseed is due),
+	// and its NIC keeps the MAC its guest has.
+	c.VMGenID = t.VMGenID
+	if c.GuestMAC == "" {
+		c.GuestMAC = m.Spec.MAC
+	}
+	if t.Paths.Disk != "" {
+		next, err := overlay.NextTop(m.Paths.Dir)
+		if err != nil {
+			return nil, err
+		}
+		if err := overlay.Create(ctx, t.Paths.Disk, next); err != nil {
+			return nil, err
+		}
+		c.Paths.Disk = next
+	}
+	if err := mg.Store.SaveMachine(&c); err != nil {
+		return &c, err
+	}
+	return &c, nil
+}
+
+// resumeChain runs only the agent and clock steps of a resumed machine's
+// chain, then edit: it keeps the identity it had, and its clock is behind
+// by the time it slept.
+func resumeChain(edit func(customize.Chain) customize.Chain) func(customize.Chain) customize.Chain {
+	return func(c customize.Chain) customize.Chain {
+		var skip []string
+		for _, n := range c.Names() {
+			if n != customize.StepAgent && n != customize.StepClock {
+				skip = append(skip, n)
+			}
+		}
+		c = c.Skip("resume: the machine keeps its identity", skip...)
+		if edit != nil {
+			c = edit(c)
+		}
+		return c
+	}
+}
+
+// forkHibernated makes children of hibernated machine src's template; src
+// stays hibernated. The caller holds src's lock.
+func (mg *Manager) forkHibernated(ctx context.Context, forker Forker, req ForkRequest) (*ForkResult, error) {
+	_, t, err := mg.hibernatedMachine(ctx, "fork", req.Source)
+	if err != nil {
+		return nil, err
+	}
+	return mg.forkKept(ctx, forker, req, t)
+}
+
+// thaw brings hibernated template t's RAM back to its place in the mem dir,
+// unless it is there. The copy appears whole or not at all: it is written
+// under a temporary name that removeTempFiles knows.
+func (s *Store) thaw(ctx context.Context, t *Template) error {
+	if _, err := os.Stat(t.Paths.RAM); err == nil || t.Hibernation == "" {
+		return nil
+	}
+	tmp := filepath.Join(filepath.Dir(t.Paths.RAM), "."+t.ID+ramSuffix+".tmp-thaw")
+	os.Remove(tmp)
+	if _, err := copySparse(ctx, t.Hibernation, tmp, false); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("bring RAM back from %s: %w", t.Hibernation, err)
+	}
+	if err := os.Rename(tmp, t.Paths.RAM); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("bring RAM back: %w", err)
+	}
+	return nil
+}
+
+// dropThawed removes the mem-dir copy of hibernated template t's RAM when
+// no child maps it: the copy on disk holds it.
+func (s *Store) dropThawed(t *Template) error {
+	if t.Hibernation == "" {
+		return nil // the RAM is not on disk yet (a hibernate in progress)
+	}
+	if _, err := os.Stat(t.Hibernation); err != nil {
+		return nil
+	}
+	if err := os.Remove(t.Paths.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("template %q: %w", t.ID, err)
+	}
+	return nil
+}
+
+// sparsePage is the granularity of copySparse's zero scan: a guest page.
+const sparsePage = 4096
+
+// copySparse copies file src to a new read-only file dst of the same
+// length, writing only the pages of src's data extents that are not all
+// zeros: the rest stays holes. A guest's RAM is mostly untouched or freed
+// pages, so dst holds little more than the memory the guest uses. With
+// sync, dst is on stable storage when it returns. It returns the bytes
+// written.
+func copySparse(ctx context.Context, src, dst string, sync bool) (stored int64, err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return 0, err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o400)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	if err := out.Truncate(fi.Size()); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1<<20)
+	zero := make([]byte, sparsePage)
+	err = dataExtents(in, fi.Size(), func(off, end int64) error {
+		for p := off; p < end; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, err := in.ReadAt(buf[:min(int64(len(buf)), end-p)], p)
+			if n == 0 && err != nil {
+				return fmt.Errorf("read %s: %w", src, err)
+			}
+			for i := 0; i < n; i += sparsePage {
+				pg := buf[i:min(i+sparsePage, n)]
+				if bytes.Equal(pg, zero[:len(pg)]) {
+					continue
+				}
+				if _, err := out.WriteAt(pg, p+int64(i)); err != nil {
+					return fmt.Errorf("write %s: %w", dst, err)
+				}
+				stored += int64(len(pg))
+			}
+			p += int64(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return stored, err
+	}
+	if sync {
+		if err := out.Sync(); err != nil {
+			return stored, fmt.Errorf("sync %s: %w", dst, err)
+		}
+	}
+	return stored, nil
+}
+
+// dataExtents calls fn for each data extent [off, end) of f, found with
+// SEEK_DATA and SEEK_HOLE, up to size.
+func dataExtents(f *os.File, size int64, fn func(off, end int64) error) error {
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // no data after off
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		if err := fn(data, min(hole, size)); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// repairHibernation finishes or undoes a hibernate or resume whose vmfork
+// process died (journal.go): a hibernate that reached its commit is
+// finished, one that did not leaves the machine running; a resume that did
+// not finish leaves the machine hibernated, and one that did has its RAM
+// file on disk removed.
+func (mg *Manager) repairHibernation(ctx context.Context, e journalEntry) (done bool, err error) {
+	unlock, err := mg.tryLock(ctx, e.Source)
+	if err != nil {
+		return false, nil
+	}
+	defer unlock()
+	defer mg.Store.removeTempFiles(e.Template)
+	m, err := mg.Store.LoadMachine(e.Source)
+	if err != nil || m.Driver != mg.Driver.Name() {
+		return true, nil // removed since: rm took its files
+	}
+	t, terr := mg.Store.LoadTemplate(e.Template)
+	log := mg.Log.WithFields(logrus.Fields{"machine": m.Name, "template": e.Template})
+	fail := func(err error) (bool, error) {
+		return false, fmt.Errorf("repair %q after an interrupted %s: %w", m.Name, e.Op, err)
+	}
+	switch {
+	case m.Hibernated != e.Template:
+		if e.Op == "resume" && terr == nil && m.Template == t.ID && t.Hibernation != "" {
+			// Resumed, and killed before the copy on disk was removed.
+			os.Remove(t.Hibernation)
+			t.Hibernation = ""
+			return true, mg.Store.SaveTemplate(t)
+		}
+		return true, nil
+	case e.Op == "hibernate" && m.State == StateHibernated:
+		if terr != nil {
+			return fail(terr)
+		}
+		if err := mg.endHibernated(ctx, m, t); err != nil {
+			return fail(err)
+		}
+		log.Warn("finished a hibernate that was interrupted after its commit")
+	case e.Op == "hibernate":
+		// Not committed: the machine runs on (resumed if the freeze left it
+		// paused), on the disk the freeze switched it to.
+		if terr == nil {
+			if err := mg.repairSourceDisk(m, t); err != nil {
+				return fail(err)
+			}
+		}
+		if forker, ok := mg.Driver.(Forker); ok {
+			if st, _ := mg.Driver.Status(ctx, m); st != StateStopped {
+				if err := forker.Resume(ctx, m); err != nil {
+					return fail(err)
+				}
+			}
+		}
+		m.Hibernated = ""
+		if err := mg.Store.SaveMachine(m); err != nil {
+			return fail(err)
+		}
+		log.Warn("a machine whose hibernate was interrupted runs on")
+	default: // a resume that did not finish
+		if err := mg.stopAll(ctx, m); err != nil {
+			return fail(err)
+		}
+		m.State, m.PID = StateHibernated, 0
+		if err := mg.Store.SaveMachine(m); err != nil {
+			return fail(err)
+		}
+		log.Warn("a machine whose resume was interrupted stays hibernated")
+	}
+	return true, nil
+}
+
+// PlanHibernate checks a hibernate as Hibernate does and says what it would
+// do.
+func (mg *Manager) PlanHibernate(ctx context.Context, name string) (*Plan, error) {
+	if _, err := mg.hibernator("hibernate", name); err != nil {
+		return nil, err
+	}
+	m, err := mg.Get(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("hibernate: %w", err)
+	}
+	if err := mg.checkHibernate(m); err != nil {
+		return nil, err
+	}
+	p := &Plan{Command: "hibernate", Changed: true, Source: name, SourcePauses: true, Machines: []string{name}}
+	p.add("pause running machine %q for a fraction of a second and freeze it into a new template", name)
+	p.add("write its RAM (%d MiB) sparse under the state dir and end its QEMU (pid %d); the mem dir gets its RAM back", m.Spec.MemoryMiB, m.PID)
+	return p.done(), nil
+}
+
+// PlanResume checks a resume as Resume does and says what it would do.
+func (mg *Manager) PlanResume(ctx context.Context, req ResumeRequest) (*Plan, error) {
+	if _, err := mg.hibernator("resume", req.Machine); err != nil {
+		return nil, err
+	}
+	if err := req.Identity.ValidateFor(1); err != nil {
+		return nil, fmt.Errorf("resume %q: %w", req.Machine, err)
+	}
+	m, err := mg.Store.LoadMachine(req.Machine)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	if m.State != StateHibernated {
+		return nil, fmt.Errorf("resume %q: machine is %s, not hibernated: %w", m.Name, m.State, ErrInvalid)
+	}
+	t, err := mg.Store.LoadTemplate(m.Hibernated)
+	if err != nil {
+		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
+	}
+	if err := mg.CheckTemplate(ctx, t); err != nil {
+		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
+	}
+	p := &Plan{Command: "resume", Changed: true, Source: m.Name, Machines: []string{m.Name}}
+	p.add("bring machine %q's RAM back from %s to the mem dir", m.Name, t.Hibernation)
+	p.add("start machine %q from template %s where it stopped, with its name, MAC and ports; step its clock to the host's", m.Name, t.ID)
+	return p.done(), nil
+}
