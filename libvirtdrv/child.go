@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/sharedmem"
 )
 
 // StartChild implements vmfork.Forker (reference libvirt-children.md §7): a
@@ -36,9 +37,22 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if err := vmfork.PickPorts(child.Spec.Ports); err != nil {
 		return err
 	}
-	def, err := ChildXML(string(srcXML), child, d.metadata(child, t))
+	// A child maps a fresh RAM file of its own shared, which StartChild
+	// remaps privately onto the template before the guest runs: its RAM
+	// block is then share=on, so its own forks save no RAM in the device
+	// state and copy only its private pages (sharedmem.Plan, Diff). Its
+	// metadata names the template as MappedRAM, which no start hook links.
+	remap := sharedmem.RemapSupported
+	md := d.metadata(child, t)
+	if remap {
+		md.MappedRAM, md.TemplateRAM = md.TemplateRAM, ""
+	}
+	def, err := ChildXML(string(srcXML), child, md)
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
+	}
+	if remap {
+		def.MemoryBacking.MemoryAccess = &libvirtxml.DomainMemoryAccess{Mode: "shared"}
 	}
 	x, err := def.Marshal()
 	if err != nil {
@@ -64,7 +78,12 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 		}
 	}()
 	mon := d.monitor(dom, child)
-	if err := d.checkChild(ctx, dom, mon, t); err != nil {
+	if remap {
+		if err := d.mapTemplate(ctx, mon, child, t); err != nil {
+			return err
+		}
+	}
+	if err := d.checkChild(ctx, dom, mon, child, t, remap); err != nil {
 		return err
 	}
 	if err := d.loadDeviceState(ctx, mon, t); err != nil {
@@ -101,17 +120,37 @@ func reachForChild(child *vmfork.Machine, t *vmfork.Template) error {
 	return grantSearch(stateDirOf(child.Paths.Dir), int(sys.Uid), int(sys.Gid), child.Paths.Dir, t.Paths.Dir)
 }
 
-// checkChild checks, before anything is loaded, that the child's QEMU maps
-// the template (a child whose start hook did not run would run on zeroed
-// RAM and crash in ways nobody could trace back) and that its guest-visible
-// configuration is the template's.
-func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monitor, t *vmfork.Template) error {
+// mapTemplate remaps the RAM of child's starting QEMU (paused, -incoming
+// defer, its guest never run) privately onto template t's RAM file.
+func (d *Driver) mapTemplate(ctx context.Context, mon monitor, child *vmfork.Machine, t *vmfork.Template) error {
 	var ram string
 	if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
 		return fmt.Errorf("find guest RAM file: %w", err)
 	}
-	if !linkedTo(ram, t.Paths.RAM) {
-		return fmt.Errorf("guest RAM %s is not the template's %s: the vmfork start hook did not run (run `vmfork libvirt setup`)", ram, t.Paths.RAM)
+	pid := qemuPID(d.uri, child.Name)
+	if pid == 0 {
+		return fmt.Errorf("machine %q: no QEMU pid in libvirt's run dir", child.Name)
+	}
+	return sharedmem.MapTemplate(ctx, mon, pid, ram, t.Paths.RAM, int64(t.Manifest.MemoryMiB)<<20)
+}
+
+// checkChild checks, before anything is loaded, that the child's QEMU maps
+// the template (a child whose start hook did not run, or whose remap did
+// not take, would run on zeroed RAM and crash in ways nobody could trace
+// back) and that its guest-visible configuration is the template's.
+func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monitor, child *vmfork.Machine, t *vmfork.Template, remapped bool) error {
+	if remapped {
+		if err := sharedmem.MapsTemplate(qemuPID(d.uri, child.Name), t.Paths.RAM, int64(t.Manifest.MemoryMiB)<<20); err != nil {
+			return fmt.Errorf("guest RAM of %q is not the template's %s: %w", child.Name, t.Paths.RAM, err)
+		}
+	} else {
+		var ram string
+		if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
+			return fmt.Errorf("find guest RAM file: %w", err)
+		}
+		if !linkedTo(ram, t.Paths.RAM) {
+			return fmt.Errorf("guest RAM %s is not the template's %s: the vmfork start hook did not run (run `vmfork libvirt setup`)", ram, t.Paths.RAM)
+		}
 	}
 	_, mig, err := liveXML(ctx, dom, libvirt.DOMAIN_XML_MIGRATABLE)
 	if err != nil {

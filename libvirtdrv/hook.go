@@ -115,7 +115,7 @@ func Hook(args []string, stdin io.Reader, opt HookOptions) error {
 		return fmt.Errorf("hook %s: parse domain XML: %w", args[0], err)
 	}
 	md := metadataOf(d)
-	if md == nil || md.TemplateRAM == "" {
+	if md == nil || md.TemplateRAM == "" && md.MappedRAM == "" {
 		return nil
 	}
 	if op == "release end" {
@@ -125,11 +125,11 @@ func Hook(args []string, stdin io.Reader, opt HookOptions) error {
 		// The record lives in <state-dir>/machines/<name> (vmfork.Store) and
 		// a template's RAM file in the mem dir.
 		return opt.Reap(ReapRequest{
-			URI: md.URI, StateDir: filepath.Dir(filepath.Dir(md.MachineDir)), MemDir: filepath.Dir(md.TemplateRAM),
+			URI: md.URI, StateDir: filepath.Dir(filepath.Dir(md.MachineDir)), MemDir: filepath.Dir(md.TemplateRAM + md.MappedRAM),
 			Machine: md.Machine, UUID: d.UUID,
 		})
 	}
-	if mb := d.MemoryBacking; mb != nil && mb.MemoryAccess != nil && mb.MemoryAccess.Mode == "shared" {
+	if mb := d.MemoryBacking; md.TemplateRAM == "" || mb != nil && mb.MemoryAccess != nil && mb.MemoryAccess.Mode == "shared" {
 		// QEMU maps this RAM file shared: a template linked there would be
 		// written by the child. QEMU makes a fresh file, and vmfork remaps
 		// the child privately onto the template before it runs (StartChild).

@@ -103,6 +103,9 @@ func TestHookLeavesOthersAlone(t *testing.T) {
 		{"a booted machine", []string{"web-1", "start", "begin", "-"}, domainXMLWith(&Metadata{Machine: "web-1"})},
 		{"prepare", []string{"web-1", "prepare", "begin", "-"}, child},
 		{"release", []string{"web-1", "release", "end", "-"}, child},
+		// Remapped onto the template by vmfork: nothing to link.
+		{"a remapped child", []string{"web-1", "start", "begin", "-"},
+			domainXMLWith(&Metadata{Machine: "web-1", MachineDir: filepath.Join(filepath.Dir(template), "state", "machines", "web-1"), Template: "web.1", MappedRAM: template})},
 		// Mapped shared, a linked template would be written by the child.
 		{"a child mapping its RAM shared", []string{"web-1", "start", "begin", "-"},
 			strings.Replace(child, "</domain>", "<memoryBacking><source type='file'/><access mode='shared'/></memoryBacking></domain>", 1)},
@@ -154,6 +157,15 @@ func TestHookReapsReleasedChild(t *testing.T) {
 	want := ReapRequest{URI: "qemu:///system", StateDir: "/var/lib/vmfork", MemDir: "/dev/shm/vmfork", Machine: "web-1", UUID: "0b6f1c2e-8f0a-4c55-9d1e-1c2b3a4d5e6f"}
 	if len(got) != 1 || got[0] != want {
 		t.Errorf("reap requests = %+v, want [%+v]", got, want)
+	}
+	// A child remapped onto its template is reaped the same way.
+	md.MappedRAM, md.TemplateRAM = md.TemplateRAM, ""
+	mapped := strings.Replace(domainXMLWith(&md), "<name>", "<uuid>0b6f1c2e-8f0a-4c55-9d1e-1c2b3a4d5e6f</uuid><name>", 1)
+	if err := Hook([]string{"web-1", "release", "end", "-"}, strings.NewReader(mapped), opt); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1] != want {
+		t.Errorf("reap requests of a remapped child = %+v, want [%+v]", got[1:], want)
 	}
 	got = nil
 	booted := domainXMLWith(&Metadata{Machine: "web", MachineDir: "/var/lib/vmfork/machines/web"})

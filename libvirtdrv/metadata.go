@@ -31,6 +31,11 @@ type Metadata struct {
 	// TemplateRAM is set on fork children only: the frozen RAM file that the
 	// start hook links to where libvirt tells QEMU to find guest RAM.
 	TemplateRAM string `xml:"template-ram,omitempty"`
+	// MappedRAM is set instead on a fork child that vmfork remaps onto the
+	// template (its RAM mapped shared from a fresh file, then privately
+	// from the template): the start hook must link nothing there, and one
+	// too old to know this field does not.
+	MappedRAM string `xml:"mapped-ram,omitempty"`
 	// URI is the libvirt URI the driver used, for the release hook's reaper.
 	URI string `xml:"uri,omitempty"`
 }
@@ -54,6 +59,7 @@ func (md Metadata) element() string {
 	field("parent", md.Parent)
 	field("template", md.Template)
 	field("template-ram", md.TemplateRAM)
+	field("mapped-ram", md.MappedRAM)
 	field("uri", md.URI)
 	fmt.Fprintf(&b, "</%s:machine>", metadataPrefix)
 	return b.String()
