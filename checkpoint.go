@@ -22,6 +22,10 @@ import (
 // holds, which are the machine's own; a forced rewind to another machine's
 // checkpoint gives it its name as hostname and fresh ones.
 
+// FaultRewindRunning: a rewind's new QEMU runs; its identity chain has
+// not run and the machine's record says creating (fault.go).
+const FaultRewindRunning = "rewind.running"
+
 // CheckpointRequest asks to keep running machine Machine's instant as
 // template As (default: the next free "<machine>-cpN").
 type CheckpointRequest struct {
@@ -146,12 +150,19 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 		opts.Spec.Skip = append(slices.Clone(opts.Spec.Skip), customize.StepHostname, customize.StepMachineID, customize.StepSSHHostKeys)
 	}
 	old := *m
+	old.State, old.PID = StateStopped, 0
+	// A rewind cut short is undone by the next command: the machine is
+	// put back as the error path below leaves it (repairRewind).
+	done, err := mg.Store.journal(journalEntry{Op: "rewind", Source: m.Name, Template: t.ID, Prior: &old})
+	if err != nil {
+		return nil, fmt.Errorf("rewind %q: %w", m.Name, err)
+	}
+	defer done()
 	if m.State == StateRunning {
 		if err := mg.Driver.Stop(ctx, m, true); err != nil {
 			return nil, fmt.Errorf("rewind %q: stop the machine: %w", m.Name, err)
 		}
 	}
-	old.State, old.PID = StateStopped, 0
 	restore := func(err error) (*ChildResult, error) {
 		if serr := mg.Store.SaveMachine(&old); serr != nil {
 			err = errors.Join(err, serr)
@@ -176,6 +187,7 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 		return restore(err)
 	}
 	res := ChildResult{Name: c.Name, PID: c.PID, Ports: c.Spec.Ports}
+	Fault(FaultRewindRunning, c.PID)
 	id, err := mg.applyIdentity(ctx, c, t, 1, true, opts)
 	res.Identity = id
 	if err != nil {
@@ -251,4 +263,42 @@ func (mg *Manager) rewoundMachine(ctx context.Context, m *Machine, t *Template, 
 		return nil, err
 	}
 	return &c, nil
+}
+
+// repairRewind undoes a rewind whose vmfork process died before it
+// finished (journal.go): the new process, if any, is killed and the
+// machine is left stopped on its disk from before the rewind, as a rewind
+// that fails leaves it. The identity options of the dead command are not
+// on disk, so the rewind is not finished. A rewind that had finished only
+// loses the disks it had replaced.
+func (mg *Manager) repairRewind(ctx context.Context, e journalEntry) (done bool, err error) {
+	unlock, err := mg.tryLock(ctx, e.Source)
+	if err != nil {
+		return false, nil
+	}
+	defer unlock()
+	defer mg.Store.removeTempFiles(e.Template)
+	m, err := mg.Store.LoadMachine(e.Source)
+	if err != nil || m.Driver != mg.Driver.Name() || e.Prior == nil || !m.Created.Equal(e.Prior.Created) {
+		return true, nil // removed since, or a new machine of that name
+	}
+	switch {
+	case m.State == StateRunning && m.Template == e.Template:
+		// Finished; killed before the old tops were removed.
+	case m.State == StateStopped && m.Paths.Disk == e.Prior.Paths.Disk:
+		// Killed before the new record was saved: stopped, as it is.
+	default:
+		if err := mg.stopAll(ctx, m); err != nil {
+			return false, fmt.Errorf("repair %q after an interrupted rewind: %w", m.Name, err)
+		}
+		m = e.Prior
+		if err := mg.Store.SaveMachine(m); err != nil {
+			return false, fmt.Errorf("repair %q after an interrupted rewind: %w", m.Name, err)
+		}
+		mg.Log.WithField("machine", m.Name).Warn("a machine whose rewind was interrupted is stopped on its disk from before")
+	}
+	if m.Paths.Disk != "" {
+		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
+	}
+	return true, nil
 }

@@ -62,3 +62,39 @@ func TestRewindNeedsInPlaceStarts(t *testing.T) {
 		t.Errorf("rewind: %v, want not supported by the driver", err)
 	}
 }
+
+// A rewind killed once its new process ran is undone by the next command:
+// the machine is stopped on its record from before, the new process gone.
+func TestRewindInterruptedIsUndone(t *testing.T) {
+	mg, pd := newPoolManager(t)
+	bootFake(t, mg, "web")
+	tpl, err := mg.Checkpoint(t.Context(), CheckpointRequest{Machine: "web", Identity: quietChain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := mg.Store.LoadMachine("web")
+	prior := *m
+	prior.State, prior.PID = StateStopped, 0
+	if _, err := mg.Store.journal(journalEntry{Op: "rewind", Source: "web", Template: tpl.ID, Prior: &prior}); err != nil {
+		t.Fatal(err)
+	}
+	pd.Stop(t.Context(), m, true)
+	c, err := mg.rewoundMachine(t.Context(), m, tpl, quietChain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pd.StartChild(t.Context(), c, tpl); err != nil {
+		t.Fatal(err)
+	}
+	orphanJournal(t, mg.Store)
+	if err := mg.Recover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = mg.Get(t.Context(), "web")
+	if m.State != StateStopped || m.Template != "" || pd.running["web"] {
+		t.Errorf("after the repair: %+v (running %v), want web stopped on its record from before", m, pd.running["web"])
+	}
+	if _, err := mg.Rewind(t.Context(), RewindRequest{Machine: "web", To: tpl.Name, Identity: quietChain}); err != nil {
+		t.Errorf("rewind after the repair: %v", err)
+	}
+}

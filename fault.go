@@ -66,6 +66,7 @@ var FaultPoints = []string{
 	FaultForkRunning, FaultForkIdentity, FaultSaveReserved, FaultSaveFrozen,
 	FaultPoolFilled, FaultPoolTaken, FaultRmStopped, FaultRmRemoving,
 	FaultHibernateFrozen, FaultHibernateCommitted, FaultResumeRunning, // hibernate.go
+	FaultRewindRunning, // checkpoint.go
 }
 
 var fault = parseFault(os.Getenv(FaultEnv))

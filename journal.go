@@ -31,6 +31,9 @@ type journalEntry struct {
 	Machines []string  `json:"machines,omitempty"` // created (or, for rm, removed) by the operation
 	PID      int       `json:"pid"`                // the vmfork process doing it
 	Started  time.Time `json:"started"`
+	// Prior is the record to put back when the operation is undone: a
+	// rewind's machine, stopped on its disk from before (checkpoint.go).
+	Prior *Machine `json:"prior,omitempty"`
 }
 
 var journalSeq atomic.Uint64
@@ -156,6 +159,9 @@ func (mg *Manager) Recover(ctx context.Context) error {
 func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err error) {
 	if e.Op == "hibernate" || e.Op == "resume" {
 		return mg.repairHibernation(ctx, e) // hibernate.go
+	}
+	if e.Op == "rewind" {
+		return mg.repairRewind(ctx, e) // checkpoint.go
 	}
 	lockName := e.Source
 	var tpl *Template
