@@ -207,6 +207,14 @@ func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (src *Machine
 	if src.State != StateRunning && src.State != StateStopped {
 		return nil, nil, false, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
 	}
+	if src.State == StateRunning {
+		// Children of a running source wake with its MAC: the identity
+		// chain keeps their link down (identity.go). A driver that cannot
+		// do that fails here, before the source is paused.
+		if _, ok := mg.Driver.(LinkSetter); !ok {
+			return nil, nil, false, fmt.Errorf("fork %q: driver %q cannot set a NIC link: %w", src.Name, mg.Driver.Name(), ErrUnsupported)
+		}
+	}
 	if names, err = mg.childNames(req); err != nil {
 		return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
 	}

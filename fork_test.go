@@ -93,6 +93,10 @@ func (d *fakeDriver) Resume(ctx context.Context, m *Machine) error {
 	return nil
 }
 
+// SetLink implements LinkSetter, which a live fork needs before it pauses
+// anything; linkDriver records the calls.
+func (d *fakeDriver) SetLink(context.Context, *Machine, bool) error { return nil }
+
 func newTestManager(t *testing.T) (*Manager, *fakeDriver) {
 	t.Helper()
 	d := newFakeDriver()
