@@ -3,6 +3,7 @@ package vmfork
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -24,15 +25,11 @@ type Manager struct {
 func NewManager(store *Store, driver Driver, log *logrus.Entry) *Manager {
 	if log == nil {
 		l := logrus.New()
-		l.SetOutput(discard{})
+		l.SetOutput(io.Discard)
 		log = logrus.NewEntry(l)
 	}
 	return &Manager{Store: store, Driver: driver, Log: log}
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // Boot creates machine name from spec and starts it. It returns once the
 // guest agent answers. Bad input (name, spec, files, a name already taken) is

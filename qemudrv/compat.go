@@ -68,14 +68,8 @@ func saveHostCache(dir string, h *hostQEMU) {
 	if err != nil || dir == "" {
 		return
 	}
-	tmp, err := os.CreateTemp(dir, hostCacheFile+".tmp*")
-	if err != nil {
-		return // a cache: a read-only state dir only costs time
-	}
-	_, werr := tmp.Write(data)
-	if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), filepath.Join(dir, hostCacheFile)) != nil {
-		os.Remove(tmp.Name())
-	}
+	// A cache: a read-only state dir only costs time.
+	_ = vmfork.WriteFileAtomic(filepath.Join(dir, hostCacheFile), data, 0o600)
 }
 
 var (

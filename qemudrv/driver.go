@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -49,15 +50,11 @@ var _ vmfork.Driver = (*Driver)(nil)
 func New(log *logrus.Entry) *Driver {
 	if log == nil {
 		l := logrus.New()
-		l.SetOutput(discard{})
+		l.SetOutput(io.Discard)
 		log = logrus.NewEntry(l)
 	}
 	return &Driver{log: log.WithField("driver", Name), StopGrace: 10 * time.Second, AgentTimeout: 10 * time.Second, BootTimeout: DefaultBootTimeout}
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // Name implements vmfork.Driver.
 func (d *Driver) Name() string { return Name }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -301,23 +302,14 @@ func runBench(cliCtx *cli.Context, libvirtURI string, run func(context.Context, 
 // writePlot writes the SVG through a temporary file, so a reader never sees
 // half a plot.
 func writePlot(path string, f bench.Figure) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
+	var b bytes.Buffer
+	if err := f.WriteSVG(&b); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if err := f.WriteSVG(tmp); err != nil {
-		tmp.Close()
+	if err := vmfork.WriteFileAtomic(path, b.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("--plot: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("--plot: %w", err)
-	}
-	return os.Rename(tmp.Name(), path)
+	return nil
 }
 
 // newProgress reports steps on w: one redrawn line with a bar on a
