@@ -17,13 +17,14 @@ import (
 type poolDriver struct {
 	*linkDriver
 	prestarted map[string]string // member dir -> member name
+	nicMAC     map[string]string // member dir -> the MAC its NIC was configured with
 	completed  []string          // children started from a member
 	started    []string          // children started cold
 }
 
 func newPoolManager(t *testing.T) (*Manager, *poolDriver) {
 	mg, fd := newTestManager(t)
-	d := &poolDriver{linkDriver: &linkDriver{fakeDriver: fd}, prestarted: map[string]string{}}
+	d := &poolDriver{linkDriver: &linkDriver{fakeDriver: fd}, prestarted: map[string]string{}, nicMAC: map[string]string{}}
 	mg.Driver = d
 	return mg, d
 }
@@ -47,6 +48,7 @@ func (d *poolDriver) Prestart(ctx context.Context, m *Machine, t *Template) erro
 	d.running[m.Name] = true
 	m.PID = 5000 + len(d.prestarted)
 	d.prestarted[m.Paths.Dir] = m.Name
+	d.nicMAC[m.Paths.Dir] = m.GuestMAC // what qemudrv's nicMAC configures
 	return nil
 }
 
@@ -114,6 +116,7 @@ func TestKeepThenForkTakesThePoolFirst(t *testing.T) {
 	if len(d.completed) != 2 || len(d.started) != 1 {
 		t.Errorf("from the pool %v, cold %v; want 2 and 1", d.completed, d.started)
 	}
+	macs := map[string]int{}
 	for _, name := range d.completed {
 		c, err := mg.Store.LoadMachine(name)
 		if err != nil {
@@ -122,6 +125,23 @@ func TestKeepThenForkTakesThePoolFirst(t *testing.T) {
 		if !mg.Store.inPool(c.Paths.Dir) || c.Template != tpl.ID || c.Parent != "src" || c.VMGenID == "" {
 			t.Errorf("pooled child %+v: want its member's files, the template and src as parent", c)
 		}
+		// After a guest reset the NIC shows its configured MAC: it must be
+		// the child's own, not the template's.
+		if nic := d.nicMAC[c.Paths.Dir]; nic == "" || nic != c.GuestMAC || nic == tpl.Spec.MAC {
+			t.Errorf("pooled child %s: NIC configured with %q, child's MAC %q, template's %q; want the child's own",
+				c.Name, nic, c.GuestMAC, tpl.Spec.MAC)
+		}
+		macs[c.GuestMAC]++
+	}
+	for _, name := range d.started {
+		c, err := mg.Store.LoadMachine(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		macs[c.GuestMAC]++
+	}
+	if len(macs) != 3 {
+		t.Errorf("children's MACs %v, want 3 distinct", macs)
 	}
 	if n := pooled(t, mg, tpl.ID); n != 2 {
 		t.Errorf("%d pooled after the fork, want the pool refilled to 2", n)

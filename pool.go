@@ -13,6 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vmfork/vmfork/customize"
 	"github.com/vmfork/vmfork/overlay"
 )
 
@@ -174,6 +175,11 @@ func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Templa
 		os.RemoveAll(m.Paths.Dir)
 		return err
 	}
+	// The member's NIC is configured with a MAC of its own, which becomes
+	// its child's (adoptMember): the guest wakes with the template's MAC,
+	// but after a reset it takes the configured one, and that must not be
+	// the template's or a sibling's.
+	m.GuestMAC = customize.ChildMAC([]byte(m.VMGenID), 1, mg.inheritedMACs(m, t)...)
 	// The record exists before the process does, naming its QMP socket, so
 	// a command killed right after the spawn leaves no QEMU unknown: the
 	// next fill finds it by that socket (stopAll) and removes it.
@@ -237,10 +243,14 @@ func (mg *Manager) takePool(ctx context.Context, t *Template, n int) []*Machine 
 }
 
 // adoptMember makes child c the owner of pool member m: c takes m's process,
-// files, ports and vmgenid. c's record is saved before m's is removed, so a
+// files, ports, vmgenid and MAC. c's record is saved before m's is removed, so a
 // crash in between leaves the process to the journal's repair of c.
 func (mg *Manager) adoptMember(c, m *Machine) error {
 	c.PID, c.VMGenID, c.Paths, c.Spec.Ports = m.PID, m.VMGenID, m.Paths, m.Spec.Ports
+	if m.GuestMAC != "" {
+		// The MAC the member's NIC is configured with (startPoolMember).
+		c.GuestMAC = m.GuestMAC
+	}
 	if err := mg.Store.SaveMachine(c); err != nil {
 		return err
 	}

@@ -88,6 +88,13 @@ func TestKeptTemplateWithPool(t *testing.T) {
 	for _, c := range res.Children {
 		if slices.Contains(pool, c.PID) {
 			fromPool++
+			// A guest reset shows the NIC's configured MAC: a pooled
+			// child's must be its own, not the template's.
+			mac, srcMAC := e.machine(c.Name).MAC, e.machine("src").MAC
+			if nic := e.nicConfiguredMAC(c.Name); !strings.EqualFold(nic, mac) || strings.EqualFold(nic, srcMAC) {
+				t.Errorf("%s (from the pool): NIC configured with %s, child's MAC %s, source's %s; want the child's own",
+					c.Name, nic, mac, srcMAC)
+			}
 		}
 		if got := e.exec(c.Name, "cat", "/run/at-save", "/data/at-save"); got != "saved\non-disk\n" {
 			t.Errorf("%s: files of the saved instant = %q", c.Name, got)
