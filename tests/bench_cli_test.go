@@ -83,6 +83,10 @@ func TestBenchPeersSmoke(t *testing.T) {
 				ReadyMS   float64 `json:"ready_ms"`
 				PSSBytes  int64   `json:"pss_bytes"`
 				PoolIdle  int64   `json:"pool_idle_pss_bytes"`
+				Phases    struct {
+					QEMUStartMS float64 `json:"qemu_start_ms"`
+					LoadMS      float64 `json:"load_ms"`
+				} `json:"phases"`
 			} `json:"summary"`
 		} `json:"sizes"`
 	}
@@ -98,6 +102,10 @@ func TestBenchPeersSmoke(t *testing.T) {
 		methods = append(methods, s.Method)
 		if s.Samples != 1 || s.RunningMS <= 0 || s.ReadyMS < s.RunningMS || s.PSSBytes <= 0 {
 			t.Errorf("%s: %+v, want one sample with running, ready and PSS", s.Method, s)
+		}
+		// The live fork's phases come from its trace (vmfork.ForkTrace).
+		if s.Method == "vmfork" && (s.Phases.QEMUStartMS <= 0 || s.Phases.LoadMS <= 0) {
+			t.Errorf("vmfork: phases %+v, want QEMU start and load from the fork's trace", s.Phases)
 		}
 		if s.Method == "kept_template" && s.PoolIdle <= 0 {
 			t.Errorf("kept template: no waiting pool process measured")
