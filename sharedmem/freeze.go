@@ -93,6 +93,12 @@ func copyExtents(ctx context.Context, in, out *os.File, size int64) (int64, erro
 			n := min(hole-pos, chunk)
 			roff, woff := pos, pos
 			w, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(n), 0)
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+				// Two file systems (libvirt's RAM dir on disk, the
+				// templates on tmpfs): the kernel copies across only
+				// between some; copy through memory.
+				w, err = copyRange(in, out, pos, n)
+			}
 			if err != nil {
 				return copied, fmt.Errorf("copy_file_range: %w", err)
 			}
@@ -120,4 +126,27 @@ func CreateEmpty(path string, size int64) error {
 		return fmt.Errorf("create RAM file: %w", err)
 	}
 	return f.Close()
+}
+
+// copyRange copies n bytes at off from in to out through a buffer.
+func copyRange(in, out *os.File, off, n int64) (int, error) {
+	buf := make([]byte, min(n, 4<<20))
+	done := 0
+	for int64(done) < n {
+		k := min(n-int64(done), int64(len(buf)))
+		r, err := in.ReadAt(buf[:k], off+int64(done))
+		if r > 0 {
+			if _, werr := out.WriteAt(buf[:r], off+int64(done)); werr != nil {
+				return done, werr
+			}
+			done += r
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && r > 0 {
+				continue
+			}
+			return done, err
+		}
+	}
+	return done, nil
 }

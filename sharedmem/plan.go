@@ -134,9 +134,11 @@ func Prepare(ctx context.Context, mon Monitor, req PlanRequest) (p *Plan, err er
 	if p.blockFD, err = FDOf(req.PID, p.m.Dev, p.m.Inode); err != nil {
 		return nil, err
 	}
+	// The returns below set p to nil: clean up through a copy of it.
+	plan := p
 	defer func() {
 		if err != nil {
-			p.Cleanup(ctx, mon)
+			plan.Cleanup(ctx, mon)
 		}
 	}()
 	var forQEMU *os.File
@@ -228,13 +230,8 @@ func removeFD(ctx context.Context, mon Monitor, fdset int) {
 
 // InPause gives the template its RAM file while the source is paused, after
 // the device state was saved. It returns the bytes copied in the pause. On
-// error the template's file does not exist.
-func (p *Plan) InPause(ctx context.Context) (n int64, err error) {
-	defer func() {
-		if err != nil {
-			os.Remove(p.req.Template)
-		}
-	}()
+// error it has made no template file.
+func (p *Plan) InPause(ctx context.Context) (int64, error) {
 	switch p.Mode {
 	case Stream:
 		// The device state carried all of RAM; children need a file of the
@@ -274,7 +271,11 @@ func link(own, tpl string) error {
 	if err := os.Link(own, tpl); err != nil {
 		return fmt.Errorf("name template RAM file: %w", err)
 	}
-	return os.Chmod(tpl, 0o400)
+	if err := os.Chmod(tpl, 0o400); err != nil {
+		os.Remove(tpl)
+		return fmt.Errorf("name template RAM file: %w", err)
+	}
+	return nil
 }
 
 // Cleanup releases what Prepare made and the freeze no longer needs: the

@@ -85,6 +85,45 @@ func inodeOf(t *testing.T, path string) uint64 {
 	return st.Ino
 }
 
+// helper is a running remapHelper: it maps one file shared and holds a
+// read-only descriptor of another.
+type helper struct {
+	cmd         *exec.Cmd
+	ask         func(string) string
+	blockFD, fd int
+}
+
+// startHelper starts a helper mapping mapped, holding other; it is killed
+// when the test ends.
+func startHelper(t *testing.T, mapped, other string) *helper {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mapped+":"+other)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	out := bufio.NewReader(stdout)
+	h := &helper{cmd: cmd}
+	h.ask = func(q string) string {
+		t.Helper()
+		if q != "" {
+			io.WriteString(stdin, q+"\n")
+		}
+		l, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatalf("helper: %v", err)
+		}
+		return strings.TrimSpace(l)
+	}
+	if _, err := fmt.Sscanf(h.ask(""), "ready %d %d", &h.blockFD, &h.fd); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // TestRemapAndCopyPrivate remaps a live process's shared file mapping onto
 // another file, privately, and checks what the process sees and writes, what
 // its descriptor refers to, and that CopyPrivate captures its writes.
@@ -96,30 +135,8 @@ func TestRemapAndCopyPrivate(t *testing.T) {
 	a, b := filepath.Join(dir, "a.ram"), filepath.Join(dir, "b.ram")
 	fillFile(t, a, 'a')
 	fillFile(t, b, 'b')
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"="+a+":"+b)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	out := bufio.NewReader(stdout)
-	ask := func(q string) string {
-		t.Helper()
-		if q != "" {
-			io.WriteString(stdin, q+"\n")
-		}
-		l, err := out.ReadString('\n')
-		if err != nil {
-			t.Fatalf("helper: %v", err)
-		}
-		return strings.TrimSpace(l)
-	}
-	var blockFD, fd int
-	if _, err := fmt.Sscanf(ask(""), "ready %d %d", &blockFD, &fd); err != nil {
-		t.Fatal(err)
-	}
+	h := startHelper(t, a, b)
+	cmd, ask, blockFD, fd := h.cmd, h.ask, h.blockFD, h.fd
 	m, err := FindRAM(cmd.Process.Pid, helperPages*pageSize, ".ram", 0)
 	if err != nil || !m.Shared || m.Inode != inodeOf(t, a) {
 		t.Fatalf("FindRAM = %+v, %v; want the shared mapping of a.ram", m, err)
