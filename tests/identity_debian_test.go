@@ -14,9 +14,11 @@ import (
 	"github.com/vmfork/vmfork/tests/bench"
 )
 
-// TestIdentityDebian forks the stock Debian 12 guest, in each variant
-// (ifupdown + dhclient or systemd-networkd, with and without dbus), on a
-// bridge with a DHCP server of its own, into three children, and checks
+// TestIdentityDebian boots the stock Debian 12 guest in each variant
+// (ifupdown + dhclient or systemd-networkd, with and without dbus) on a
+// bridge with a DHCP server of its own, checks that it is the system the
+// variant asks for (checkDebianVariant), forks it into three children, and
+// checks
 // that parent and children are pairwise distinct in machine-id, every SSH
 // host key, MAC, hostname, IPv4 address, DHCP lease and a urandom sample;
 // that each child has exactly one IPv4 address on its NIC; that systemd
@@ -26,6 +28,9 @@ import (
 // variant calls for.
 func TestIdentityDebian(t *testing.T) {
 	d := debianGuest(t)
+	if len(d.Variants) != 4 {
+		t.Fatalf("got variants %v, want ifupdown/networkd × dbus/nodbus", d.variantNames())
+	}
 	for _, v := range d.Variants {
 		t.Run(v.Name, func(t *testing.T) { identityDebianVariant(t, v) })
 	}
@@ -35,10 +40,14 @@ func identityDebianVariant(t *testing.T, v debianVariant) {
 	b := newBridgeNet(t)
 	e := newDebianEnv(t)
 	b.inNamespace(t, e.env)
+	start := time.Now()
 	src := e.bootDebian("deb", v, "--network", "bridge="+b.bridge)
+	t.Logf("%s: vmfork boot to answering agent: %v", v.Name, time.Since(start).Round(time.Millisecond))
 	state := e.settle("deb")
+	t.Logf("%s: systemctl is-system-running: %s after %v", v.Name, state, time.Since(start).Round(time.Millisecond))
 	failedBefore := e.failedUnits("deb")
-	e.waitIPv4("deb", 2*time.Minute)
+	// The parent is the system its variant asks for.
+	checkDebianVariant(t, e, "deb", v, state)
 	parent := debianFacts(t, e, "deb")
 	parent.lease = b.leaseOf(t, src.MAC)
 	if len(parent.ipv4) != 1 || parent.lease == "" || parent.ipv4[0] != parent.lease {

@@ -35,7 +35,14 @@ type driverEnv struct {
 // ends, pass or fail.
 func newDriverEnv(t testing.TB, args []string) *driverEnv {
 	t.Helper()
-	e := newEnv(t)
+	return newDriverEnvGuest(t, args, testGuest(t))
+}
+
+// newDriverEnvGuest is newDriverEnv for another guest than the busybox test
+// guest.
+func newDriverEnvGuest(t testing.TB, args []string, g guest) *driverEnv {
+	t.Helper()
+	e := newEnvGuest(t, g)
 	sum := sha256.Sum256([]byte(e.stateDir))
 	d := &driverEnv{env: e, driver: "qemu", args: args, prefix: "t" + hex.EncodeToString(sum[:3]) + "-"}
 	if slices.Contains(args, "--connect") {
