@@ -109,6 +109,11 @@ func TestCrashMatrix(t *testing.T) {
 		{name: "pool-taken-kill-member", fault: vmfork.FaultPoolTaken + ":qemu", prep: r.forkKept},
 		{name: "rm-stopped", fault: vmfork.FaultRmStopped, prep: r.rmChild, after: r.childGone},
 		{name: "rm-removing", fault: vmfork.FaultRmRemoving, prep: r.rmChild, after: r.childGone},
+		// crash_hibernate_test.go
+		{name: "hibernate-frozen", fault: vmfork.FaultHibernateFrozen, victim: true, prep: r.hibernateVictim, after: victimIs("running")},
+		{name: "hibernate-committed", fault: vmfork.FaultHibernateCommitted, victim: true, prep: r.hibernateVictim, after: victimIs("hibernated")},
+		{name: "resume-running", fault: vmfork.FaultResumeRunning, victim: true, prep: r.resumeVictim, after: victimIs("hibernated")},
+		{name: "rewind-running", fault: vmfork.FaultRewindRunning, victim: true, prep: r.rewindVictim, after: victimIs("stopped")},
 	}
 	// VMFORK_CRASH_CASES (a regexp on case names) runs some cases only.
 	only := regexp.MustCompile(os.Getenv("VMFORK_CRASH_CASES"))
