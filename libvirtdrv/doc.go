@@ -32,24 +32,41 @@
 //
 // # A fork
 //
-// Freeze checks the source's live XML (Check), pauses it with libvirt's
-// suspend, moves its disk onto a new overlay with a disk-only external
-// snapshot that reuses an overlay made ahead, saves the device state through
-// passthrough with a passed fd ("fd:" URI; libvirt's seccomp sandbox kills
-// QEMU on "exec:"), copies the RAM file libvirt made for it into the
-// template and resumes. The source's migratable XML is kept in the template
-// (FileSourceXML).
+// Freeze checks the source's live XML (Check) and prepares, while the
+// source runs, everything but the pause: the next overlay, the device-state
+// file, and the RAM plan both drivers share (sharedmem.Plan). It then pauses
+// the source with libvirt's suspend, moves its disk onto the new overlay with
+// a disk-only external snapshot, saves the device state through passthrough
+// with a passed fd ("fd:" URI; libvirt's seccomp sandbox kills QEMU on
+// "exec:"), gives the template its RAM and resumes. The RAM step copies
+// nothing on a first fork: the file libvirt made for the source
+// (<memory_backing_dir>/<id>-<name[:20]>/pc.ram, on /dev/shm after setup)
+// gets a second name, the template's, in vmfork's mem dir, and QEMU is
+// remapped privately onto it in place (ptrace-injected mmap and dup3, which
+// root may do to libvirt's QEMU: it runs as vmfork's user, or as
+// libvirt-qemu for an adopted domain, and its seccomp filter allows both
+// calls). The domain stays the same one: name, uuid, id and QEMU process.
+// Later forks copy only the pages written since. libvirt removes its own
+// name for the file when the domain stops; the template keeps its own. With
+// memory_backing_dir on another file system than the mem dir no template can
+// be the source's file, and the freeze copies it in the pause, saying so.
+// The source's migratable XML is kept in the template (FileSourceXML).
 //
 // A child (ChildXML) is that XML with only its backends changed, started
-// paused with -incoming defer through <qemu:commandline> and private RAM
-// access. libvirt names the RAM file QEMU opens, <memory_backing_dir>/
-// <id>-<name[:20]>/pc.ram, only once the domain has an id; the start hook
-// (Hook, installed by Setup as a drop-in in /etc/libvirt/hooks/qemu.d/) runs
-// after libvirt made that directory and before it executes QEMU, and links
-// the template file there. StartChild then checks that QEMU really maps the
-// template, loads the device state with x-ignore-shared, sets the NIC link
-// down until the identity chain has run, and resumes. When the child stops,
-// libvirt deletes its RAM directory, link included; the template survives.
+// paused with -incoming defer through <qemu:commandline>. libvirt names the
+// RAM file QEMU opens, <memory_backing_dir>/<id>-<name[:20]>/pc.ram, only
+// once the domain has an id. A child maps that file shared, fresh and empty
+// (QEMU makes it): StartChild remaps it privately onto the template before
+// anything is loaded, so its RAM block is share=on and a fork of the child
+// copies only its private pages, never its whole RAM. Its metadata names the
+// template as mapped-ram; no start hook links anything there. Where the
+// remap is not built (not x86-64) a child maps its RAM private and the start
+// hook (Hook, installed by Setup as a drop-in in /etc/libvirt/hooks/qemu.d/),
+// which runs after libvirt made that directory and before it executes QEMU,
+// links the template file there. StartChild then checks that QEMU really
+// maps the template, loads the device state with x-ignore-shared, sets the
+// NIC link down until the identity chain has run, and resumes. When the child
+// stops, libvirt deletes its RAM directory; the template survives.
 //
 // # Existing domains: adoption
 //
@@ -102,7 +119,5 @@
 // /dev/shm/libvirt/qemu), restarting libvirtd once. The template RAM file
 // must be readable and writable by QEMU's user (QEMU 7.2 opens a mem-path
 // O_RDWR even to map it privately), so Freeze gives it to the source's DAC
-// user with mode 0600. A fork child can be forked in turn: its RAM is
-// private, so the device state carries all of it, and the grandchild's
-// template RAM file is an empty file of the right size.
+// user with mode 0600. A fork child can be forked in turn like any source.
 package libvirtdrv

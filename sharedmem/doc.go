@@ -10,8 +10,10 @@
 // the same address, so that the guest's later writes go to private pages.
 // A machine mapped that way is frozen again by copying its frozen file
 // before the pause and only its private pages (CopyPrivate, found in
-// /proc/PID/pagemap) in it. Freeze, a copy of the whole file in the pause,
-// remains for QEMUs that cannot be remapped.
+// /proc/PID/pagemap) in it. Plan (plan.go) is that recipe, the same for both
+// drivers: they hand it QEMU's pid and a QMP client that passes files.
+// Freeze, a copy of the whole file in the pause, remains for QEMUs that
+// cannot be remapped.
 //
 // A frozen template file is never written again: not by vmfork, and not by
 // the children, which map it privately, so that their writes go to private
