@@ -62,6 +62,7 @@ func TestBadInputTable(t *testing.T) {
 	qcow2 := []byte("QFI\xfb\x00\x00\x00\x09")
 	badQcow2 := write("v9.qcow2", append(qcow2, make([]byte, 4096)...))
 	textDisk := write("passwd", []byte("root:x:0:0:root:/root:/bin/bash\n"))
+	noQEMU := filepath.Join(dir, "qemu-system-x86_64")
 
 	cases := []badCase{
 		{"memory zero", boot("m", "--memory", "0"), 2, "memory size"},
@@ -107,6 +108,10 @@ func TestBadInputTable(t *testing.T) {
 		{"logs of nothing", []string{"logs", "nope"}, 4, `machine "nope": not found`},
 		{"libvirt check two domains", []string{"libvirt", "check", "a", "b"}, 2, "at most one domain name"},
 		{"libvirt setup argument", []string{"libvirt", "setup", "x"}, 2, "takes no arguments"},
+		{"qemu binary missing", boot("q", "--qemu", noQEMU), 2, noQEMU + `" (--qemu or VMFORK_QEMU) does not exist`},
+		{"qemu binary not executable", boot("q", "--qemu", textDisk), 2, "is not an executable file"},
+		{"qemu binary a directory", boot("q", "--qemu", dir), 2, "is a directory"},
+		{"qemu binary not on PATH", boot("q", "--qemu", "qemu-system-vmfork-none"), 2, "does not exist"},
 	}
 	runBadCases(t, e, cases, func(t *testing.T) { assertNothingCreated(t, e) })
 
@@ -136,6 +141,8 @@ func TestBadInputTable(t *testing.T) {
 		{"template pool not a number", []string{"template", "pool", "src", "x"}, 2, "x"},
 		{"exec without command", []string{"exec", "src"}, 2, "needs a machine name and a command"},
 		{"exec bad env", []string{"exec", "src", "--env", "NOEQUALS", "--", "true"}, 2, "NOEQUALS"},
+		{"fork qemu binary missing", []string{"fork", "src", "--qemu", noQEMU}, 2, "does not exist"},
+		{"template save qemu binary missing", []string{"template", "save", "src", "tpl", "--qemu", noQEMU}, 2, "does not exist"},
 	}
 	runBadCases(t, e, forkCases, func(t *testing.T) {
 		t.Helper()

@@ -3,8 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -32,6 +37,11 @@ var globalFlags = []cli.Flag{
 		Aliases: []string{"c"},
 		Usage:   "libvirt URI (e.g. qemu:///system): use the libvirt driver instead of the embedded QEMU driver",
 		EnvVars: []string{"LIBVIRT_DEFAULT_URI"},
+	},
+	&cli.StringFlag{
+		Name:    "qemu",
+		Usage:   "QEMU binary the embedded driver runs (default: qemu-system-x86_64 on PATH)",
+		EnvVars: []string{qemuEnv},
 	},
 	&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print errors only on stderr"},
 	&cli.StringFlag{
@@ -77,13 +87,22 @@ func appContext(cliCtx *cli.Context) (context.Context, context.CancelFunc) {
 // newManager opens the store and wires the driver: libvirt with --connect,
 // else the embedded QEMU driver.
 func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
+	// Before the store: a bad --qemu changes nothing, not even the state dir.
+	uri := cliCtx.String("connect")
+	if uri == "" {
+		if err := useQEMU(cliCtx.String("qemu")); err != nil {
+			return nil, err
+		}
+	} else if cliCtx.IsSet("qemu") && os.Getenv(qemuEnv) == "" {
+		return nil, usageError{fmt.Errorf("--qemu is for the embedded driver: with --connect, libvirt runs the emulator its domain XML names")}
+	}
 	store, err := vmfork.OpenStore(cliCtx.String("state-dir"), cliCtx.String("mem-dir"))
 	if err != nil {
 		return nil, err
 	}
 	log := logrus.NewEntry(logrus.StandardLogger())
 	var driver vmfork.Driver = qemudrv.New(log)
-	if uri := cliCtx.String("connect"); uri != "" {
+	if uri != "" {
 		if newLibvirtDriver == nil {
 			return nil, fmt.Errorf("--connect %s: this vmfork was built without libvirt support: %w", uri, vmfork.ErrUnsupported)
 		}
@@ -94,6 +113,34 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	mg := vmfork.NewManager(store, driver, log)
 	mg.Reaper = reaperStarter(cliCtx)
 	return mg, nil
+}
+
+// qemuEnv names the QEMU binary to qemudrv, to the detached reaper and to
+// anything else this process starts that runs QEMU.
+const qemuEnv = "VMFORK_QEMU"
+
+// useQEMU checks the QEMU binary named by --qemu or VMFORK_QEMU before the
+// command does anything: a missing one would otherwise be found only once a
+// record exists (boot) or the source is locked (fork). It is handed on
+// through the environment, where qemudrv and the reaper look for it.
+func useQEMU(name string) error {
+	if name == "" {
+		return nil
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		why := "is not an executable file"
+		if fi, serr := os.Stat(name); errors.Is(serr, fs.ErrNotExist) || (serr != nil && !strings.Contains(name, "/")) {
+			why = "does not exist"
+		} else if serr == nil && fi.IsDir() {
+			why = "is a directory"
+		}
+		return usageError{fmt.Errorf("QEMU binary %q (--qemu or %s) %s", name, qemuEnv, why)}
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		p = abs
+	}
+	return os.Setenv(qemuEnv, p)
 }
 
 func printJSON(v any) error {
