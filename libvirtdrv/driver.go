@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -45,6 +47,8 @@ type Driver struct {
 	// command gives no deadline of its own (--timeout): long enough for a
 	// systemd guest under TCG on a loaded host, as the embedded driver's.
 	BootTimeout time.Duration
+
+	callTimeout time.Duration
 }
 
 var (
@@ -54,22 +58,146 @@ var (
 	_ vmfork.Adopter    = (*Driver)(nil)
 )
 
+// DefaultCallTimeout bounds how long vmfork waits for a libvirt daemon that
+// does not answer at all (hung, or stopped with SIGSTOP): the connection
+// (virConnectOpen) and then, through libvirt's keepalive, every call on it.
+// A slow answer is not a hung daemon: libvirtd answers keepalive pings from
+// its event loop while a worker thread runs a long call, so a call that
+// takes minutes (a re-probe of QEMU, a domain start under TCG) is not cut.
+const DefaultCallTimeout = 30 * time.Second
+
+// TimeoutEnv overrides DefaultCallTimeout (a Go duration, such as 10s); tests
+// set it short.
+const TimeoutEnv = "VMFORK_LIBVIRT_TIMEOUT"
+
+// keepaliveCount is how many unanswered keepalive pings close the
+// connection; libvirt closes it interval*(count+1) after the last answer.
+const keepaliveCount = 5
+
+// Options tune a connection.
+type Options struct {
+	// CallTimeout is DefaultCallTimeout when 0.
+	CallTimeout time.Duration
+}
+
 // New connects to the libvirt daemon at uri (such as qemu:///system) and
-// returns a Driver that logs to log (nil discards).
+// returns a Driver that logs to log (nil discards). The call bound is
+// $VMFORK_LIBVIRT_TIMEOUT, or DefaultCallTimeout.
 func New(uri string, log *logrus.Entry) (*Driver, error) {
+	var opts Options
+	if v := os.Getenv(TimeoutEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("%s=%q: want a positive duration such as 30s: %w", TimeoutEnv, v, vmfork.ErrInvalid)
+		}
+		opts.CallTimeout = d
+	}
+	return Connect(uri, log, opts)
+}
+
+// Connect is New with explicit options. The connection has libvirt's
+// keepalive on, so that a call to a daemon that stopped answering fails
+// after opts.CallTimeout with the connection closed instead of hanging the
+// command; libvirt runs keepalive from its event loop, which this process
+// runs in a goroutine of its own (eventLoop).
+func Connect(uri string, log *logrus.Entry, opts Options) (*Driver, error) {
 	if log == nil {
 		l := logrus.New()
 		l.SetOutput(discard{})
 		log = logrus.NewEntry(l)
 	}
-	conn, err := libvirt.NewConnect(uri)
-	if err != nil {
-		return nil, fmt.Errorf("connect to libvirt at %s: %w", uri, wrap(err))
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
 	}
-	return &Driver{
+	if err := eventLoop(log); err != nil {
+		return nil, fmt.Errorf("connect to libvirt at %s: start the event loop: %w", uri, wrap(err))
+	}
+	// virConnectOpen has no timeout of its own: a daemon that accepts and
+	// never answers (stopped, or hung) holds it forever. A connection that
+	// opens after the bound is left to the exiting process.
+	ctx, cancel := context.WithTimeout(context.Background(), opts.CallTimeout)
+	defer cancel()
+	var conn *libvirt.Connect
+	err := bounded(ctx, "virConnectOpen", func() (err error) {
+		conn, err = libvirt.NewConnect(uri)
+		return wrap(err)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("virConnectOpen: no answer from libvirt within %v", opts.CallTimeout)
+		}
+		return nil, fmt.Errorf("connect to libvirt at %s: %w", uri, err)
+	}
+	interval := max(1, int(opts.CallTimeout/time.Second)/(keepaliveCount+1))
+	// SetKeepAlive asks the daemon whether it speaks keepalive: a call too.
+	// A driver in this process (test:///default) has no daemon to hang,
+	// and no keepalive.
+	if err := bounded(ctx, "virConnectSetKeepAlive", func() error {
+		return wrap(conn.SetKeepAlive(interval, keepaliveCount))
+	}); err != nil && !errors.Is(err, libvirt.ERR_NO_SUPPORT) {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("virConnectSetKeepAlive: no answer from libvirt within %v", opts.CallTimeout)
+		}
+		return nil, fmt.Errorf("connect to libvirt at %s: %w", uri, err)
+	}
+	d := &Driver{
 		uri: uri, conn: conn, log: log.WithField("driver", Name), QEMUConf: DefaultQEMUConf,
 		StopGrace: 10 * time.Second, AgentTimeout: 30 * time.Second, BootTimeout: 5 * time.Minute,
-	}, nil
+		callTimeout: opts.CallTimeout,
+	}
+	if err := conn.RegisterCloseCallback(d.closed); err != nil {
+		d.log.WithError(err).Debug("no close callback")
+	}
+	return d, nil
+}
+
+var (
+	eventLoopOnce sync.Once
+	eventLoopErr  error
+)
+
+// eventLoop registers libvirt's default event loop, once per process and
+// before the first connection (libvirt's rule), and runs it for good.
+func eventLoop(log *logrus.Entry) error {
+	eventLoopOnce.Do(func() {
+		if eventLoopErr = libvirt.EventRegisterDefaultImpl(); eventLoopErr != nil {
+			return
+		}
+		go func() {
+			for {
+				if err := libvirt.EventRunDefaultImpl(); err != nil {
+					log.WithError(err).Debug("libvirt event loop")
+					time.Sleep(100 * time.Millisecond) // no busy loop on a persistent error
+				}
+			}
+		}()
+	})
+	return eventLoopErr
+}
+
+// closed is libvirt's close callback. A connection closed for want of
+// keepalive answers fails every call still waiting on it and every later
+// one; from then on libvirt errors say why (virError).
+func (d *Driver) closed(_ *libvirt.Connect, reason libvirt.ConnectCloseReason) {
+	if reason != libvirt.CONNECT_CLOSE_REASON_KEEPALIVE {
+		return
+	}
+	note := fmt.Sprintf("libvirt at %s did not answer for %v, connection closed", d.uri, d.callTimeout)
+	hung.Store(&note)
+	d.log.Debug(note)
+}
+
+// hung is the note of a connection of this process that libvirt closed
+// because the daemon stopped answering; nil while none was.
+var hung atomic.Pointer[string]
+
+// named wraps err, from libvirt call name, so that the command's one-line
+// error names the call.
+func (d *Driver) named(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", name, wrap(err))
 }
 
 type discard struct{}
@@ -120,7 +248,7 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 	}
 	dom, err := d.conn.DomainCreateXML(x, 0)
 	if err != nil {
-		return fmt.Errorf("create domain %q: %w", m.Name, wrap(err))
+		return fmt.Errorf("create domain %q: %w", m.Name, d.named("virDomainCreateXML", err))
 	}
 	defer dom.Free()
 	defer func() {
@@ -177,7 +305,7 @@ func (d *Driver) machineType(ctx context.Context, accel string) (string, error) 
 	}
 	x, err := d.conn.GetDomainCapabilities("", domainArch, "q35", virt, 0)
 	if err != nil {
-		return "", fmt.Errorf("domain capabilities: %w", wrap(err))
+		return "", fmt.Errorf("domain capabilities: %w", d.named("virConnectGetDomainCapabilities", err))
 	}
 	var caps libvirtxml.DomainCaps
 	if err := caps.Unmarshal(x); err != nil {
@@ -206,7 +334,7 @@ func (d *Driver) checkNameFree(m *vmfork.Machine) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("look up domain %q: %w", m.Name, wrap(err))
+		return fmt.Errorf("look up domain %q: %w", m.Name, d.named("virDomainLookupByName", err))
 	}
 	defer dom.Free()
 	if d.owns(dom, m) {
@@ -256,10 +384,14 @@ func (d *Driver) domain(m *vmfork.Machine) (*libvirt.Domain, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("look up domain %q: %w", m.Name, wrap(err))
+		return nil, fmt.Errorf("look up domain %q: %w", m.Name, d.named("virDomainLookupByName", err))
 	}
-	if !d.owns(dom, m) {
+	own, err := d.owner(dom, m)
+	if err != nil || !own {
 		dom.Free()
+		if err != nil {
+			return nil, fmt.Errorf("domain %q: %w", m.Name, err)
+		}
 		return nil, nil
 	}
 	return dom, nil
@@ -269,16 +401,29 @@ func (d *Driver) domain(m *vmfork.Machine) (*libvirt.Domain, error) {
 // adopted machine (which carries no mark: vmfork changes nothing of it), is
 // the domain that was adopted.
 func (d *Driver) owns(dom *libvirt.Domain, m *vmfork.Machine) bool {
+	own, _ := d.owner(dom, m)
+	return own
+}
+
+// owner is owns with libvirt's failures: a daemon that does not answer is
+// not a domain without vmfork's mark (that would make m look stopped).
+func (d *Driver) owner(dom *libvirt.Domain, m *vmfork.Machine) (bool, error) {
 	if m.Adopted != nil {
 		uuid, err := dom.GetUUIDString()
-		return err == nil && uuid == m.Adopted.ID
+		if err != nil {
+			return false, d.named("virDomainGetUUIDString", err)
+		}
+		return uuid == m.Adopted.ID, nil
 	}
 	x, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, MetadataNS, libvirt.DOMAIN_AFFECT_LIVE)
+	if errors.Is(err, libvirt.ERR_NO_DOMAIN_METADATA) || errors.Is(err, libvirt.ERR_NO_DOMAIN) {
+		return false, nil
+	}
 	if err != nil {
-		return false
+		return false, d.named("virDomainGetMetadata", err)
 	}
 	md := parseMetadata(x)
-	return md != nil && md.Machine == m.Name && filepath.Clean(md.MachineDir) == filepath.Clean(m.Paths.Dir)
+	return md != nil && md.Machine == m.Name && filepath.Clean(md.MachineDir) == filepath.Clean(m.Paths.Dir), nil
 }
 
 // liveXML returns dom's live definition, parsed.
@@ -308,7 +453,7 @@ func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, e
 		return vmfork.StateStopped, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("domain %q state: %w", m.Name, wrap(err))
+		return "", fmt.Errorf("domain %q state: %w", m.Name, d.named("virDomainGetState", err))
 	}
 	switch st {
 	case libvirt.DOMAIN_RUNNING, libvirt.DOMAIN_BLOCKED:

@@ -21,7 +21,12 @@ import (
 // code for errors.Is(err, libvirt.ERR_NO_DOMAIN) and the like.
 type virError struct{ e libvirt.Error }
 
-func (v virError) Error() string { return v.e.Message }
+func (v virError) Error() string {
+	if note := hung.Load(); note != nil { // keepalive closed the connection
+		return *note + ": " + v.e.Message
+	}
+	return v.e.Message
+}
 func (v virError) Unwrap() error { return v.e }
 
 func wrap(err error) error {
