@@ -92,16 +92,14 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	if err := sharedmem.Inject(sharedmem.InjectBeforeRAM); err != nil {
 		return fr, err
 	}
-	if fr.RAMCopiedBytes, err = ram.InPause(ctx); err != nil {
+	if fr.RAMCopiedBytes, err = ram.InPause(ctx, w); err != nil {
 		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.Mode, err)
 	}
 	if err := grantRAM(t.Paths.RAM, prep.owner); err != nil {
-		os.Remove(t.Paths.RAM)
 		return fr, err
 	}
 	ramDone := time.Now()
 	if err := sharedmem.Inject(sharedmem.InjectAfterRAM); err != nil {
-		os.Remove(t.Paths.RAM)
 		return fr, err
 	}
 	if fr.Pause, err = w.Resume(ctx); err != nil {

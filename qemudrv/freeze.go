@@ -110,13 +110,12 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	if err := sharedmem.Inject(sharedmem.InjectBeforeRAM); err != nil {
 		return fr, err
 	}
-	fr.RAMCopiedBytes, err = ram.InPause(ctx)
+	fr.RAMCopiedBytes, err = ram.InPause(ctx, w)
 	if err != nil {
 		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.Mode, err)
 	}
 	phases.mark("ram_ms")
 	if err := sharedmem.Inject(sharedmem.InjectAfterRAM); err != nil {
-		os.Remove(t.Paths.RAM)
 		return fr, err
 	}
 	if fr.Pause, err = w.Resume(ctx); err != nil {

@@ -228,10 +228,19 @@ func removeFD(ctx context.Context, mon Monitor, fdset int) {
 	cancel()
 }
 
-// InPause gives the template its RAM file while the source is paused, after
-// the device state was saved. It returns the bytes copied in the pause. On
-// error it has made no template file.
-func (p *Plan) InPause(ctx context.Context) (int64, error) {
+// InPause gives the template its RAM file while the source is paused in w,
+// after the device state was saved, and pushes its removal onto w's undo
+// stack, for a step after it that fails. It returns the bytes copied in the
+// pause. On error it has made no template file.
+func (p *Plan) InPause(ctx context.Context, w *PauseWindow) (int64, error) {
+	n, err := p.inPause(ctx)
+	if err == nil {
+		w.OnFailure(func(context.Context) error { return os.Remove(p.req.Template) })
+	}
+	return n, err
+}
+
+func (p *Plan) inPause(ctx context.Context) (int64, error) {
 	switch p.Mode {
 	case Stream:
 		// The device state carried all of RAM; children need a file of the

@@ -72,7 +72,7 @@ func TestPlanFirst(t *testing.T) {
 		t.Fatalf("plan of a shared RAM file: mode %v, %d bytes precopied; want first, 0", p.Mode, p.Precopied)
 	}
 	h.ask("set 2 7") // the guest runs on between Prepare and the pause
-	n, err := p.InPause(t.Context())
+	n, err := p.InPause(t.Context(), &PauseWindow{})
 	if err != nil || n != 0 {
 		t.Fatalf("InPause = %d, %v; want 0 bytes copied", n, err)
 	}
@@ -126,7 +126,7 @@ func TestPlanRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.InPause(t.Context()); err != nil {
+	if _, err := p.InPause(t.Context(), &PauseWindow{}); err != nil {
 		t.Fatal(err)
 	}
 	p.Cleanup(t.Context(), mon)
@@ -161,7 +161,7 @@ func TestPlanStreamAndCopy(t *testing.T) {
 	if err != nil || p.Mode != Stream {
 		t.Fatalf("Prepare share=off = %+v, %v; want stream", p, err)
 	}
-	if n, err := p.InPause(t.Context()); err != nil || n != 0 {
+	if n, err := p.InPause(t.Context(), &PauseWindow{}); err != nil || n != 0 {
 		t.Fatalf("InPause = %d, %v", n, err)
 	}
 	if fi, err := os.Stat(filepath.Join(dir, "s.ram")); err != nil || fi.Size() != 1<<20 {
@@ -186,7 +186,7 @@ func TestPlanStreamAndCopy(t *testing.T) {
 	if err != nil || p.Mode != Copy || p.CopyReason == nil {
 		t.Fatalf("Prepare across file systems = %+v, %v; want copy, with a reason", p, err)
 	}
-	if n, err := p.InPause(t.Context()); err != nil || n != helperPages*pageSize {
+	if n, err := p.InPause(t.Context(), &PauseWindow{}); err != nil || n != helperPages*pageSize {
 		t.Errorf("InPause = %d, %v; want the whole file (%d) copied", n, err, helperPages*pageSize)
 	}
 	if got := h.ask("get 0"); got != strconv.Itoa('a') {
@@ -201,4 +201,36 @@ func inodeDev(t *testing.T, path string) uint64 {
 		t.Fatal(err)
 	}
 	return uint64(fi.Sys().(*syscall.Stat_t).Dev)
+}
+
+// TestPlanTemplateUndone: a step after the RAM that fails takes the
+// template's RAM file away with the rest of the freeze (the window's undo
+// stack), and the source is resumed.
+func TestPlanTemplateUndone(t *testing.T) {
+	dir := t.TempDir()
+	resumed := 0
+	w, err := Pause(t.Context(), PauseSource{
+		Pause:       func(context.Context) error { return nil },
+		Resume:      func(context.Context) error { resumed++; return nil },
+		StillPaused: errStillPaused,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := filepath.Join(dir, "t.ram")
+	p, err := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: tpl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.InPause(t.Context(), w); err != nil {
+		t.Fatal(err)
+	}
+	err = errors.New("a later step failed")
+	w.Rollback(t.Context(), &err)
+	if _, serr := os.Stat(tpl); !errors.Is(serr, os.ErrNotExist) {
+		t.Errorf("template RAM file after the rollback: %v, want it gone", serr)
+	}
+	if resumed != 1 {
+		t.Errorf("source resumed %d times, want 1", resumed)
+	}
 }
