@@ -118,10 +118,11 @@ func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)
 				el += fmt.Sprintf(" %04x:%02x:%02x.%x", deref(a.Domain), *a.Bus, *a.Slot, deref(a.Function))
 			}
 		}
-		add(el, "QEMU 7.2 cannot save a passed-through device's state", "detach it before the fork (virsh detach-device) and attach it again after")
+		add(el, "QEMU 7.2 cannot save a passed-through device's state", "fork with --detach-devices, which unplugs it for the fork and plugs it back")
 	}
 	for _, s := range dv.Shmems {
-		add(fmt.Sprintf("<shmem name='%s'>", s.Name), "ivshmem in peer mode blocks migration", "remove it")
+		add(fmt.Sprintf("<shmem name='%s'>", s.Name), "ivshmem in peer mode blocks migration",
+			"remove it, or fork with --detach-devices, which unplugs it for the fork and plugs it back")
 	}
 	for _, f := range dv.Filesystems {
 		if f.Driver != nil && f.Driver.Type == "virtiofs" {

@@ -48,6 +48,11 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, fmt.Errorf("machine %q: %w", src.Name, vmfork.ErrNotRunning)
 	}
 	defer dom.Free()
+	replug, err := d.detachDevices(ctx, dom, src, t) // --detach-devices (detach.go)
+	if err != nil {
+		return fr, err
+	}
+	defer replug(ctx)
 	mon := d.monitor(dom, src)
 	prep, err := d.prepareFreeze(ctx, dom, mon, src, t)
 	if err != nil {
