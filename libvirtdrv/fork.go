@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"libvirt.org/go/libvirt"
@@ -70,46 +69,29 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	}
 	defer release()
 
-	w, err := sharedmem.Pause(ctx, sharedmem.PauseSource{
-		Pause:       func(ctx context.Context) error { return suspend(ctx, dom) },
-		Resume:      func(ctx context.Context) error { return resume(ctx, dom) },
-		StillPaused: vmfork.ErrStillPaused,
-	})
+	recipe := sharedmem.Recipe{
+		Source: sharedmem.PauseSource{
+			Pause:       func(ctx context.Context) error { return suspend(ctx, dom) },
+			Resume:      func(ctx context.Context) error { return resume(ctx, dom) },
+			StillPaused: vmfork.ErrStillPaused,
+		},
+		SaveDeviceState: func(ctx context.Context) error {
+			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log))
+		},
+		RAM:      ram,
+		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
+		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
+	}
+	if prep.diskTarget != "" {
+		recipe.SwitchDisk = func(ctx context.Context, w *sharedmem.PauseWindow) error {
+			return d.switchDisk(ctx, dom, src, t, prep, w)
+		}
+	}
+	frozen, err := recipe.Run(ctx)
 	if err != nil {
 		return fr, err
 	}
-	defer w.Rollback(ctx, &err)
-	start := time.Now()
-	if err := sharedmem.Inject(sharedmem.InjectAfterStop); err != nil {
-		return fr, err
-	}
-	if prep.diskTarget != "" {
-		if err := d.switchDisk(ctx, dom, src, t, prep, w); err != nil {
-			return fr, fmt.Errorf("switch disk: %w", err)
-		}
-	}
-	diskDone := time.Now()
-	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log)); err != nil {
-		return fr, fmt.Errorf("save device state: %w", err)
-	}
-	devDone := time.Now()
-	vmfork.Fault(vmfork.FaultFreezePaused, src.PID)
-	if err := sharedmem.Inject(sharedmem.InjectBeforeRAM); err != nil {
-		return fr, err
-	}
-	if fr.RAMCopiedBytes, err = ram.InPause(ctx, w); err != nil {
-		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.Mode, err)
-	}
-	if err := grantRAM(t.Paths.RAM, prep.owner); err != nil {
-		return fr, err
-	}
-	ramDone := time.Now()
-	if err := sharedmem.Inject(sharedmem.InjectAfterRAM); err != nil {
-		return fr, err
-	}
-	if fr.Pause, err = w.Resume(ctx); err != nil {
-		return fr, err
-	}
+	fr.Pause, fr.RAMCopiedBytes = frozen.Pause, frozen.CopiedBytes
 	if fi, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = fi.Size()
 	}
@@ -117,13 +99,9 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	mon.log.WithFields(logrus.Fields{
 		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
-		"disk_ms": msSince(start, diskDone), "devstate_ms": msSince(diskDone, devDone),
-		"ram_ms": msSince(devDone, ramDone), "cont_ms": msSince(ramDone, time.Now()),
-	}).Debug("frozen")
+	}).WithFields(frozen.Phases()).Debug("frozen")
 	return fr, nil
 }
-
-func msSince(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
 
 // prepareRAM plans, before the pause, how src's RAM becomes t's. The
 // source keeps the file QEMU opened under libvirt's name for it (libvirt

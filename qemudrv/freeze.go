@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -87,41 +86,24 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	}
 	defer release()
 
-	w, err := sharedmem.Pause(ctx, sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused})
-	if err != nil {
-		return fr, err
-	}
-	defer w.Rollback(ctx, &err)
-	phases := newPhases()
-	if err := sharedmem.Inject(sharedmem.InjectAfterStop); err != nil {
-		return fr, err
+	recipe := sharedmem.Recipe{
+		Source: sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused},
+		SaveDeviceState: func(ctx context.Context) error {
+			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log))
+		},
+		RAM:    ram,
+		Paused: func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
 	}
 	if src.Spec.Disk != "" {
-		if err := switchDisk(ctx, mon, src, t, prep, w); err != nil {
-			return fr, fmt.Errorf("switch disk: %w", err)
+		recipe.SwitchDisk = func(ctx context.Context, w *sharedmem.PauseWindow) error {
+			return switchDisk(ctx, mon, src, t, prep, w)
 		}
 	}
-	phases.mark("disk_ms")
-	if err := qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log)); err != nil {
-		return fr, fmt.Errorf("save device state: %w", err)
-	}
-	phases.mark("devstate_ms")
-	vmfork.Fault(vmfork.FaultFreezePaused, src.PID)
-	if err := sharedmem.Inject(sharedmem.InjectBeforeRAM); err != nil {
-		return fr, err
-	}
-	fr.RAMCopiedBytes, err = ram.InPause(ctx, w)
+	frozen, err := recipe.Run(ctx)
 	if err != nil {
-		return fr, fmt.Errorf("freeze RAM (%v): %w", ram.Mode, err)
-	}
-	phases.mark("ram_ms")
-	if err := sharedmem.Inject(sharedmem.InjectAfterRAM); err != nil {
 		return fr, err
 	}
-	if fr.Pause, err = w.Resume(ctx); err != nil {
-		return fr, err
-	}
-	phases.mark("cont_ms")
+	fr.Pause, fr.RAMCopiedBytes = frozen.Pause, frozen.CopiedBytes
 	if st, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = st.Size()
 	}
@@ -129,7 +111,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	log.WithFields(logrus.Fields{
 		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
-	}).WithFields(phases.fields).Debug("frozen")
+	}).WithFields(frozen.Phases()).Debug("frozen")
 	return fr, nil
 }
 
@@ -170,18 +152,4 @@ func mapTemplate(ctx context.Context, mon *qmp.Monitor, pid int, start string, t
 	}
 	defer os.Remove(start)
 	return sharedmem.MapTemplate(ctx, mon, pid, start, t.Paths.RAM, sizeBytes)
-}
-
-// phases times the steps of a pause for the debug log.
-type phases struct {
-	last   time.Time
-	fields logrus.Fields
-}
-
-func newPhases() *phases { return &phases{last: time.Now(), fields: logrus.Fields{}} }
-
-func (p *phases) mark(name string) {
-	now := time.Now()
-	p.fields[name] = float64(now.Sub(p.last).Microseconds()) / 1000
-	p.last = now
 }
