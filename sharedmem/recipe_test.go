@@ -1,0 +1,87 @@
+//go:build linux && amd64
+
+package sharedmem
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestRecipeRollsBack fails each step of the paused part of a freeze in
+// turn: the source is always resumed, the disk switch's own undo runs, the
+// template's RAM file never stays, and the error names the step.
+func TestRecipeRollsBack(t *testing.T) {
+	boom := errors.New("boom")
+	cases := []struct {
+		name, inject string
+		disk, dev    error
+		after        error
+		wantUndo     bool // the disk switch's undo step runs
+	}{
+		{name: "after stop", inject: InjectAfterStop},
+		{name: "disk switch", disk: boom},
+		{name: "device state", dev: boom, wantUndo: true},
+		{name: "before RAM", inject: InjectBeforeRAM, wantUndo: true},
+		{name: "after RAM", after: boom, wantUndo: true},
+		{name: "after RAM, injected", inject: InjectAfterRAM, wantUndo: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(InjectEnv, c.inject)
+			r := &recorder{}
+			tpl := filepath.Join(t.TempDir(), "t.ram")
+			plan, err := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: tpl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Recipe{
+				Source: r.source(),
+				SwitchDisk: func(_ context.Context, w *PauseWindow) error {
+					if c.disk != nil {
+						return c.disk
+					}
+					w.OnFailure(r.step("undo disk"))
+					return nil
+				},
+				SaveDeviceState: func(context.Context) error { return c.dev },
+				RAM:             plan,
+				AfterRAM:        func(context.Context) error { return c.after },
+			}.Run(t.Context())
+			if err == nil {
+				t.Fatal("Run succeeded, want the failure")
+			}
+			if !errors.Is(err, boom) && !errors.Is(err, ErrInjected) {
+				t.Errorf("error %v does not wrap the failure", err)
+			}
+			if got := r.log[len(r.log)-1]; got != "resume" {
+				t.Errorf("steps %v: the source was not resumed last", r.log)
+			}
+			if slices.Contains(r.log, "undo disk") != c.wantUndo {
+				t.Errorf("steps %v: disk switch undone = %v, want %v", r.log, !c.wantUndo, c.wantUndo)
+			}
+			if _, err := os.Stat(tpl); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("template RAM file left (%v)", err)
+			}
+		})
+	}
+	t.Run("success", func(t *testing.T) {
+		t.Setenv(InjectEnv, "")
+		r := &recorder{}
+		tpl := filepath.Join(t.TempDir(), "t.ram")
+		plan, _ := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: tpl})
+		fr, err := Recipe{Source: r.source(), SaveDeviceState: func(context.Context) error { return nil }, RAM: plan}.Run(t.Context())
+		if err != nil || fr.Pause <= 0 || len(fr.PhasesMS) != 4 {
+			t.Fatalf("Run = %+v, %v; want a pause and four phases", fr, err)
+		}
+		if !slices.Equal(r.log, []string{"pause", "resume"}) {
+			t.Errorf("steps %v, want pause, resume", r.log)
+		}
+		if _, err := os.Stat(tpl); err != nil {
+			t.Errorf("template RAM file: %v", err)
+		}
+	})
+}
