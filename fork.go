@@ -36,7 +36,12 @@ type Forker interface {
 // FreezeResult is what a freeze cost the source.
 type FreezeResult struct {
 	Pause          time.Duration
-	RAMCopiedBytes int64
+	RAMCopiedBytes int64 // copied while the source was paused
+	// RAMMode is how the RAM was frozen (sharedmem's mode: stream, first,
+	// diff, copy) and PrecopiedBytes what was copied before the pause;
+	// the trace reports both. A driver that cannot tell leaves them zero.
+	RAMMode        string
+	PrecopiedBytes int64
 }
 
 // DefaultMaxChildren bounds one fork call unless ForkRequest.MaxChildren
@@ -159,9 +164,8 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 		f.abort(ctx, !errors.Is(err, ErrStillPaused))
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
-	// Debug: the CLI's progress line comes from the trace (trace.go).
+	// Debug: the CLI's progress line comes from the trace (frozen).
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": f.tpl.ID, "pause_ms": f.tpl.PauseMS}).Debug("source frozen")
-	traceOf(ctx).sourceFrozen(FrozenInfo{Source: src.Name, Template: f.tpl.ID, Pause: msDuration(f.tpl.PauseMS), At: time.Now()})
 	Fault(FaultForkFrozen, src.PID)
 
 	inheritDevices(f.tpl, f.children)
@@ -394,7 +398,20 @@ func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machin
 	}
 	tpl.HasMemory = true
 	tpl.PauseMS = ms(fr.Pause)
-	return mg.Store.SaveTemplate(tpl)
+	return mg.frozen(ctx, src, tpl, fr)
+}
+
+// frozen records template tpl, the fork point just taken of src, and
+// tells the trace: every freeze (fork, keep, hibernate) ends here.
+func (mg *Manager) frozen(ctx context.Context, src *Machine, tpl *Template, fr FreezeResult) error {
+	if err := mg.Store.SaveTemplate(tpl); err != nil {
+		return err
+	}
+	traceOf(ctx).sourceFrozen(FrozenInfo{
+		Source: src.Name, Template: tpl.ID, Kept: tpl.Name, Pause: fr.Pause,
+		RAMMode: fr.RAMMode, PrecopiedBytes: fr.PrecopiedBytes, RAMCopiedBytes: fr.RAMCopiedBytes, At: time.Now(),
+	})
+	return nil
 }
 
 // freezeStopped freezes a stopped source's disk: the disk moves into the
@@ -404,7 +421,7 @@ func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Templat
 	tpl.Paths.RAM, tpl.Paths.DevState = "", ""
 	if src.Spec.Disk == "" {
 		tpl.Paths.Disk = ""
-		return mg.Store.SaveTemplate(tpl)
+		return mg.frozen(ctx, src, tpl, FreezeResult{})
 	}
 	// Moving the disk of a machine that still runs would pull it from under
 	// its QEMU: trust the image locks, not the record.
@@ -433,7 +450,7 @@ func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Templat
 		}
 		return fmt.Errorf("freeze disk: %w", err)
 	}
-	return mg.Store.SaveTemplate(tpl)
+	return mg.frozen(ctx, src, tpl, FreezeResult{})
 }
 
 type childOutcome struct {

@@ -133,7 +133,6 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	Fault(FaultSaveFrozen, src.PID)
 	f.done()
 	mg.Log.WithFields(logrus.Fields{"machine": src.Name, "template": t.ID, "name": t.Name, "pause_ms": t.PauseMS}).Info("template kept")
-	traceOf(ctx).sourceFrozen(FrozenInfo{Source: src.Name, Template: t.ID, Kept: t.Name, Pause: msDuration(t.PauseMS), At: time.Now()})
 	if err := mg.fillPool(ctx, t); err != nil {
 		return t, fmt.Errorf("keep %q: %w: %w", src.Name, err, ErrPartial)
 	}

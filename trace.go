@@ -20,7 +20,8 @@ import (
 // figures slower. No hook is called while the source is paused.
 type ForkTrace struct {
 	// SourceFrozen: the fork point is taken and a running source runs
-	// again. Not called for a fork of a kept template (nothing is frozen).
+	// again (Fork, Keep, Hibernate). Not called for a fork of a kept
+	// template: nothing is frozen.
 	SourceFrozen func(FrozenInfo)
 	// ChildStarted: a child's creation begins (it has its slot of
 	// ForkRequest.Parallel); its RunningMS and ReadyMS count from here.
@@ -44,13 +45,18 @@ type ForkTrace struct {
 
 // FrozenInfo is a source's freeze: Template is the fork point, Kept its
 // name when Keep made it, Pause how long the source was paused (0 for a
-// stopped source).
+// stopped source). RAMMode, PrecopiedBytes and RAMCopiedBytes are the
+// driver's FreezeResult: how the RAM was frozen, what was copied before
+// and during the pause.
 type FrozenInfo struct {
-	Source   string
-	Template string
-	Kept     string
-	Pause    time.Duration
-	At       time.Time
+	Source         string
+	Template       string
+	Kept           string
+	Pause          time.Duration
+	RAMMode        string
+	PrecopiedBytes int64
+	RAMCopiedBytes int64
+	At             time.Time
 }
 
 // ChildStartInfo is a child whose creation begins: the Index-th (from 1) of

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vmfork/vmfork/customize"
 )
@@ -23,6 +24,13 @@ func (d *phaseDriver) StartChild(ctx context.Context, c *Machine, t *Template) e
 	c.PID = 2000 + len(c.Name) // the fake's own StartChild sets none
 	TraceChildPhase(ctx, c.Name, PhaseStateLoaded)
 	return nil
+}
+
+// Freeze reports a RAM mode and copies, as qemudrv's does.
+func (d *phaseDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
+	fr, err := d.linkDriver.Freeze(ctx, src, t)
+	fr.Pause, fr.RAMMode, fr.PrecopiedBytes, fr.RAMCopiedBytes = 3*time.Millisecond, "diff", 5, 7
+	return fr, err
 }
 
 // traceLog records each hook as a line, per machine ("" for the source's),
@@ -106,8 +114,9 @@ func TestForkTraceFiresInOrder(t *testing.T) {
 		len(res.Failed) != 1 || res.Failed[0].Error != l.failed[0].Err.Error() {
 		t.Errorf("ChildFailed got %+v, want the result's failure %+v", l.failed, res.Failed)
 	}
-	if len(l.frozen) != 1 || l.frozen[0].Pause != msDuration(res.PauseMS) || l.frozen[0].At.IsZero() {
-		t.Errorf("SourceFrozen got %+v, want the fork's pause %v ms", l.frozen, res.PauseMS)
+	if len(l.frozen) != 1 || l.frozen[0].Pause != 3*time.Millisecond || res.PauseMS != 3 || l.frozen[0].At.IsZero() ||
+		l.frozen[0].RAMMode != "diff" || l.frozen[0].PrecopiedBytes != 5 || l.frozen[0].RAMCopiedBytes != 7 {
+		t.Errorf("SourceFrozen got %+v, want the driver's freeze (3 ms, diff, 5 and 7 bytes), the fork's pause %v ms", l.frozen, res.PauseMS)
 	}
 }
 

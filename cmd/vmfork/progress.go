@@ -63,21 +63,26 @@ func progressTrace(w io.Writer) *vmfork.ForkTrace {
 // traceEvent is one line of --trace-json. Its form is a contract with the
 // programs that read it (the benchmarks, scripts): change it only by adding.
 type traceEvent struct {
-	Event     string                `json:"event"`
-	At        time.Time             `json:"at"`
-	Source    string                `json:"source,omitempty"`
-	Template  string                `json:"template,omitempty"`
-	Kept      string                `json:"kept,omitempty"`
-	PauseMS   *float64              `json:"pause_ms,omitempty"`
-	Child     string                `json:"child,omitempty"`
-	Index     int                   `json:"index,omitempty"`
-	Pooled    bool                  `json:"pooled,omitempty"`
-	Phase     vmfork.ChildPhase     `json:"phase,omitempty"`
-	PID       int                   `json:"pid,omitempty"`
-	RunningMS *float64              `json:"running_ms,omitempty"`
-	ReadyMS   *float64              `json:"ready_ms,omitempty"`
-	Step      *customize.StepResult `json:"step,omitempty"`
-	Error     string                `json:"error,omitempty"`
+	Event    string    `json:"event"`
+	At       time.Time `json:"at"`
+	Source   string    `json:"source,omitempty"`
+	Template string    `json:"template,omitempty"`
+	Kept     string    `json:"kept,omitempty"`
+	PauseMS  *float64  `json:"pause_ms,omitempty"`
+	// RAMMode, PrecopiedBytes and PausedCopyBytes: how a live source's
+	// RAM was frozen, where the driver tells.
+	RAMMode         string                `json:"ram_mode,omitempty"`
+	PrecopiedBytes  *int64                `json:"precopied_bytes,omitempty"`
+	PausedCopyBytes *int64                `json:"paused_copy_bytes,omitempty"`
+	Child           string                `json:"child,omitempty"`
+	Index           int                   `json:"index,omitempty"`
+	Pooled          bool                  `json:"pooled,omitempty"`
+	Phase           vmfork.ChildPhase     `json:"phase,omitempty"`
+	PID             int                   `json:"pid,omitempty"`
+	RunningMS       *float64              `json:"running_ms,omitempty"`
+	ReadyMS         *float64              `json:"ready_ms,omitempty"`
+	Step            *customize.StepResult `json:"step,omitempty"`
+	Error           string                `json:"error,omitempty"`
 }
 
 // Event names of --trace-json, one per ForkTrace hook.
@@ -106,7 +111,11 @@ func jsonTrace(w io.Writer) *vmfork.ForkTrace {
 	f := func(v float64) *float64 { return &v }
 	return &vmfork.ForkTrace{
 		SourceFrozen: func(i vmfork.FrozenInfo) {
-			emit(traceEvent{Event: eventSourceFrozen, At: i.At, Source: i.Source, Template: i.Template, Kept: i.Kept, PauseMS: f(msOf(i.Pause))})
+			ev := traceEvent{Event: eventSourceFrozen, At: i.At, Source: i.Source, Template: i.Template, Kept: i.Kept, PauseMS: f(msOf(i.Pause))}
+			if i.RAMMode != "" {
+				ev.RAMMode, ev.PrecopiedBytes, ev.PausedCopyBytes = i.RAMMode, &i.PrecopiedBytes, &i.RAMCopiedBytes
+			}
+			emit(ev)
 		},
 		ChildStarted: func(i vmfork.ChildStartInfo) {
 			emit(traceEvent{Event: eventChildStarted, At: i.At, Child: i.Child, Template: i.Template, Index: i.Index, Pooled: i.Pooled})

@@ -18,7 +18,8 @@ func TestJSONTraceEvents(t *testing.T) {
 	var buf bytes.Buffer
 	tr := jsonTrace(&buf)
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	tr.SourceFrozen(vmfork.FrozenInfo{Source: "web", Template: "web.1", Pause: 1500 * time.Microsecond, At: at})
+	tr.SourceFrozen(vmfork.FrozenInfo{Source: "web", Template: "web.1", Pause: 1500 * time.Microsecond, RAMMode: "diff", RAMCopiedBytes: 4096, At: at})
+	tr.SourceFrozen(vmfork.FrozenInfo{Source: "off", Template: "off.1", Kept: "gold", At: at})
 	tr.ChildStarted(vmfork.ChildStartInfo{Child: "web-1", Template: "web.1", Index: 1, At: at})
 	tr.ChildPhase(vmfork.ChildPhaseInfo{Child: "web-1", Phase: vmfork.PhaseQMPReady, At: at})
 	tr.ChildRunning(vmfork.ChildRunningInfo{Child: "web-1", PID: 7, Running: 20 * time.Millisecond, At: at})
@@ -26,7 +27,8 @@ func TestJSONTraceEvents(t *testing.T) {
 	tr.ChildReady(vmfork.ChildReadyInfo{ChildResult: vmfork.ChildResult{Name: "web-1", PID: 7, RunningMS: 20}, At: at})
 	tr.ChildFailed(vmfork.ChildFailedInfo{Child: "web-2", Err: errors.New("boom"), At: at})
 	want := []string{
-		`{"event":"source_frozen","at":"2026-01-02T03:04:05Z","source":"web","template":"web.1","pause_ms":1.5}`,
+		`{"event":"source_frozen","at":"2026-01-02T03:04:05Z","source":"web","template":"web.1","pause_ms":1.5,"ram_mode":"diff","precopied_bytes":0,"paused_copy_bytes":4096}`,
+		`{"event":"source_frozen","at":"2026-01-02T03:04:05Z","source":"off","template":"off.1","kept":"gold","pause_ms":0}`,
 		`{"event":"child_started","at":"2026-01-02T03:04:05Z","template":"web.1","child":"web-1","index":1}`,
 		`{"event":"child_phase","at":"2026-01-02T03:04:05Z","child":"web-1","phase":"qmp_ready"}`,
 		`{"event":"child_running","at":"2026-01-02T03:04:05Z","child":"web-1","pid":7,"running_ms":20}`,
