@@ -588,6 +588,3 @@ func (mg *Manager) waitAgent(ctx context.Context, m *Machine) error {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// msDuration is the inverse of ms, for figures kept in milliseconds.
-func msDuration(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
