@@ -47,7 +47,7 @@ func (d *Driver) Adopt(ctx context.Context, name string, paths vmfork.Paths) (*v
 	if md := metadataOf(def); md != nil {
 		return nil, fmt.Errorf("domain %q is vmfork machine %q of %s: use that state dir: %w", name, md.Machine, md.MachineDir, vmfork.ErrInvalid)
 	}
-	if err := Check(def); err != nil {
+	if err := checkAdopt(def); err != nil {
 		return nil, err
 	}
 	st, _, err := dom.GetState()

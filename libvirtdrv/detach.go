@@ -82,6 +82,19 @@ func (d *Driver) detachDevices(ctx context.Context, dom *libvirt.Domain, src *vm
 	return replug, nil
 }
 
+// checkAdopt is Check for adoption, without the devices --detach-devices
+// unplugs: the fork refuses those itself before any pause (prepareFreeze),
+// in the same words, unless it was asked to unplug them.
+func checkAdopt(def *libvirtxml.Domain) error {
+	c := *def
+	if c.Devices != nil {
+		dv := *c.Devices
+		dv.Shmems, dv.Hostdevs = nil, nil
+		c.Devices = &dv
+	}
+	return Check(&c)
+}
+
 // unpluggables lists the live domain's devices that --detach-devices
 // unplugs.
 func unpluggables(live *libvirtxml.Domain) ([]unpluggable, error) {

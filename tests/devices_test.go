@@ -3,11 +3,13 @@
 package tests
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // ivshmemArgs boot the stand-in for a passed-through device of mechanics
@@ -87,4 +89,83 @@ func TestDetachDevices(t *testing.T) {
 func cmdlineOf(pid int) string {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	return strings.ReplaceAll(string(b), "\x00", " ")
+}
+
+// shmemXML is the ivshmem stand-in of mechanics §12 as libvirt domain XML:
+// libvirt puts it on a pcie-to-pci-bridge, where it can be unplugged live.
+const shmemXML = "<shmem name='%s'><model type='ivshmem-plain'/><size unit='M'>1</size></shmem>\n"
+
+// domainHasIvshmem reports whether the guest of domain name sees an ivshmem
+// PCI device (1af4:1110), waiting up to a few seconds for a hot-plug to
+// show when want is true.
+func domainHasIvshmem(t *testing.T, name string, want bool) bool {
+	t.Helper()
+	has := func() bool {
+		out := agentRun(t, name, "/bin/sh", "-c", "grep -l 0x1110 /sys/bus/pci/devices/*/device || true")
+		return strings.Contains(out, "/sys/bus/pci/devices/")
+	}
+	if want {
+		return eventually(20*time.Second, has)
+	}
+	return has()
+}
+
+// TestLibvirtDetachDevices is TestDetachDevices on the libvirt driver, with
+// an operator's domain that has a <shmem> device: without --detach-devices
+// the fork is refused before any pause, in one line naming the device; with
+// it the fork works, the device is back in the source (libvirt's live XML
+// and the guest), and the child has none and forks without the flag.
+func TestLibvirtDetachDevices(t *testing.T) {
+	d := newDriverEnv(t, []string{"--connect", libvirtURI})
+	p := d.n("shm")
+	x := operatorXML(p, d.guest, "", sharedFileRAM, noBalloon)
+	// QEMU as root, as vmfork's own domains: the test needs no image
+	// reachable by libvirt's QEMU user.
+	x = strings.Replace(x, "  <devices>\n", "  <seclabel type='static' model='dac' relabel='no'><label>+0:+0</label></seclabel>\n  <devices>\n", 1)
+	x = strings.Replace(x, "  </devices>", "    "+fmt.Sprintf(shmemXML, p)+"  </devices>", 1)
+	defineDomain(t, p, x, true)
+	t.Cleanup(func() { os.Remove("/dev/shm/" + p) }) // libvirt's ivshmem backing file
+	waitAgent(t, p)
+	if !domainHasIvshmem(t, p, true) {
+		t.Fatal("the domain's guest does not see its ivshmem device")
+	}
+
+	r := d.cli("-q", "fork", p)
+	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+	want := fmt.Sprintf("<shmem name='%s'>", p)
+	switch {
+	case r.code == 0:
+		t.Fatalf("fork of a domain with a <shmem> device: got success, want a refusal")
+	case len(lines) != 1 || !strings.Contains(lines[0], want) || !strings.Contains(lines[0], "--detach-devices"):
+		t.Errorf("refusal does not name %s and --detach-devices in one line: %s", want, r)
+	default:
+		t.Logf("refused: %s", lines[0])
+	}
+	if st := strings.TrimSpace(virshOK(t, "domstate", p)); st != "running" {
+		t.Errorf("source after the refusal: %s, want running", st)
+	}
+	if ds := domains(t, d.prefix); len(ds) != 1 {
+		t.Errorf("domains after the refusal = %v, want only %s", ds, p)
+	}
+
+	c := d.n("shm-c")
+	d.cliOK("fork", p, c, "--detach-devices")
+	if !strings.Contains(dumpxml(t, p, false), want) {
+		t.Errorf("the source's live XML has no %s after the fork", want)
+	}
+	if !domainHasIvshmem(t, p, true) {
+		t.Errorf("the device is not plugged back into the source's guest")
+	}
+	if strings.Contains(dumpxml(t, c, false), "<shmem") {
+		t.Errorf("child %s has a <shmem> device", c)
+	}
+	if domainHasIvshmem(t, c, false) {
+		t.Errorf("child %s's guest sees the detached device", c)
+	}
+	// Plugged back, the device blocks again; the child has no blocker.
+	if r := d.cli("-q", "fork", p); r.code == 0 || !strings.Contains(r.stderr, want) {
+		t.Errorf("fork after the device was plugged back: got %s, want a refusal naming %s", r, want)
+	}
+	d.cliOK("fork", c, c+"-1")
+	d.cliOK("rm", c+"-1", c)
 }
