@@ -35,11 +35,13 @@ import (
 //
 // Crash safety: Machine.Hibernated names the template before the freeze, so
 // nothing collects it meanwhile, and the record's state turning to
-// hibernated is the commit point. It is written once the RAM file on disk
-// is complete and before the QEMU is ended. A kill -9 before it leaves the
-// machine running (the journal's repair clears Hibernated, and the template
-// is collected); after it, the repair ends the QEMU if it still runs and
-// frees the mem dir, leaving a complete hibernated machine. A resume cut
+// hibernated is the commit point. It is written as soon as the freeze has
+// returned (the template then holds the whole instant, its RAM still in the
+// mem dir) and before the QEMU is ended; the RAM goes to disk after. A kill
+// -9 before the commit leaves the machine running (the journal's repair
+// clears Hibernated, and the template is collected); after it, the repair
+// ends the QEMU if it still runs, writes the RAM to disk if it is not there
+// and frees the mem dir, leaving a complete hibernated machine. A resume cut
 // short is put back to hibernated: the RAM file on disk is removed only
 // once the resumed machine runs.
 
@@ -50,10 +52,10 @@ const fileHibernatedRAM = "ram.hibernated"
 // Fault points of hibernate and resume (fault.go).
 const (
 	// FaultHibernateFrozen: the machine is frozen into its template and
-	// runs again; its RAM is not yet on disk, its record not hibernated.
+	// runs again; its record does not say hibernated yet.
 	FaultHibernateFrozen = "hibernate.frozen"
-	// FaultHibernateCommitted: the record says hibernated and the RAM is
-	// on disk; the machine's QEMU still runs.
+	// FaultHibernateCommitted: the record says hibernated; the machine's
+	// QEMU still runs and its RAM is in the mem dir only.
 	FaultHibernateCommitted = "hibernate.committed"
 	// FaultResumeRunning: the resumed machine's new QEMU runs; its clock
 	// step has not run and its record is not final.
@@ -145,7 +147,7 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 	// Until the commit every failure leaves m running, and its template
 	// goes as an unused one.
 	runsOn := func(err error) (*HibernateResult, error) {
-		m.Hibernated = ""
+		m.State, m.Hibernated = StateRunning, ""
 		if serr := mg.Store.SaveMachine(m); serr != nil {
 			err = errors.Join(err, serr)
 		}
@@ -155,27 +157,25 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 		mg.collectTemplates(ctx)
 		return nil, fmt.Errorf("hibernate %q: %w (the machine runs on)", name, err)
 	}
+	if err := mg.checkHibernateSpace(m); err != nil {
+		return runsOn(err)
+	}
 	if err := mg.freezeRunning(ctx, forker, m, t); err != nil {
 		return runsOn(err)
 	}
 	Fault(FaultHibernateFrozen, m.PID)
-	img := filepath.Join(t.Paths.Dir, fileHibernatedRAM)
-	stored, err := copySparse(ctx, t.Paths.RAM, img, true)
-	if err != nil {
-		return runsOn(fmt.Errorf("write RAM to %s: %w", img, err))
-	}
-	t.Hibernation = img
-	if err := mg.Store.SaveTemplate(t); err != nil {
-		os.Remove(img)
-		return runsOn(err)
-	}
-	m.State = StateHibernated // the commit
+	// The commit, as soon as the template holds the whole instant (its RAM
+	// still in the mem dir): the guest runs on from the freeze's cont until
+	// its QEMU is killed, and what it does meanwhile is dropped, so that
+	// time is kept short. The RAM goes to disk after the kill.
+	m.State = StateHibernated
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return runsOn(err)
 	}
 	Fault(FaultHibernateCommitted, m.PID)
-	if err := mg.endHibernated(ctx, m, t); err != nil {
-		// The entry stays: the next command ends the process.
+	stored, err := mg.endHibernated(ctx, m, t)
+	if err != nil {
+		// The entry stays: the next command finishes (journal.go).
 		return nil, fmt.Errorf("hibernate %q: %w", name, err)
 	}
 	done()
@@ -183,9 +183,27 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 	mg.Log.WithFields(logrus.Fields{"machine": name, "template": t.ID, "ram_bytes": stored}).Info("machine hibernated")
 	return &HibernateResult{
 		Name: name, State: StateHibernated, Template: t.ID, PauseMS: t.PauseMS,
-		RAMFile: img, RAMBytes: stored, RAMSizeBytes: int64(t.Spec.MemoryMiB) << 20,
+		RAMFile: t.Hibernation, RAMBytes: stored, RAMSizeBytes: int64(t.Spec.MemoryMiB) << 20,
 		ElapsedMS: ms(time.Since(start)),
 	}, nil
+}
+
+// checkHibernateSpace refuses a hibernate, before the pause, when the state
+// dir cannot take the RAM m holds in the mem dir now (its RAM file's
+// allocated extents: an upper bound of what the sparse copy writes).
+func (mg *Manager) checkHibernateSpace(m *Machine) error {
+	need, err := overlay.AllocatedBytes(m.Paths.RAM)
+	if err != nil {
+		return nil // the copy will tell
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(mg.Store.StateDir, &st); err != nil {
+		return nil
+	}
+	if free := int64(st.Bavail) * st.Bsize; free < need {
+		return fmt.Errorf("the state dir %s has %d MiB free, the machine's RAM needs up to %d MiB: %w", mg.Store.StateDir, free>>20, need>>20, ErrInvalid)
+	}
+	return nil
 }
 
 // prepareHibernation reserves m's template, journals the hibernate and
@@ -219,19 +237,41 @@ func (mg *Manager) prepareHibernation(m *Machine) (*Template, func(), error) {
 	return t, done, nil
 }
 
-// endHibernated ends hibernated machine m's QEMU and frees the mem dir of
-// its RAM: its own file and the template's (both on disk now). Idempotent.
-func (mg *Manager) endHibernated(ctx context.Context, m *Machine, t *Template) error {
+// endHibernated finishes the hibernate of machine m, hibernated (its record
+// says so) into t: it ends m's QEMU, writes t's RAM sparse to disk unless it
+// is there, and frees the mem dir of m's and t's RAM files. It returns the
+// bytes written. Idempotent; if writing fails, m stays hibernated with its
+// RAM in the mem dir, and the error says so.
+func (mg *Manager) endHibernated(ctx context.Context, m *Machine, t *Template) (int64, error) {
 	if err := mg.stopAll(ctx, m); err != nil {
-		return fmt.Errorf("end the QEMU process: %w", err)
+		return 0, fmt.Errorf("end the QEMU process: %w", err)
 	}
-	for _, p := range []string{mg.Store.MachinePaths(m.Name).RAM, t.Paths.RAM} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("free RAM file: %w", err)
-		}
+	if err := os.Remove(mg.Store.MachinePaths(m.Name).RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("free RAM file: %w", err)
 	}
 	m.PID = 0
-	return mg.Store.SaveMachine(m)
+	if err := mg.Store.SaveMachine(m); err != nil {
+		return 0, err
+	}
+	var stored int64
+	if t.Hibernation == "" {
+		img := filepath.Join(t.Paths.Dir, fileHibernatedRAM)
+		os.Remove(img) // a copy a killed command began
+		var err error
+		if stored, err = copySparse(ctx, t.Paths.RAM, img, true); err != nil {
+			return stored, fmt.Errorf("write RAM to %s: %w (the machine is hibernated with its RAM still in the mem dir)", img, err)
+		}
+		t.Hibernation = img
+		if err := mg.Store.SaveTemplate(t); err != nil {
+			return stored, err
+		}
+	} else {
+		stored, _ = overlay.AllocatedBytes(t.Hibernation)
+	}
+	if err := os.Remove(t.Paths.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return stored, fmt.Errorf("free RAM file: %w", err)
+	}
+	return stored, nil
 }
 
 // Resume continues hibernated machine req.Machine from its template, in
@@ -264,6 +304,9 @@ func (mg *Manager) Resume(ctx context.Context, req ResumeRequest) (res *ChildRes
 		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
 	}
 	defer done()
+	if err := mg.Store.thaw(ctx, t); err != nil {
+		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
+	}
 	old := *m
 	c, err := mg.resumedMachine(ctx, m, t)
 	fail := func(err error) (*ChildResult, error) {
@@ -313,9 +356,8 @@ func (mg *Manager) Resume(ctx context.Context, req ResumeRequest) (res *ChildRes
 	}, nil
 }
 
-// hibernatedMachine loads hibernated machine name and its template, checks
-// that the template fits this host and brings its RAM back to the mem dir.
-// The caller holds name's lock.
+// hibernatedMachine loads hibernated machine name and its template and
+// checks that the template fits this host. The caller holds name's lock.
 func (mg *Manager) hibernatedMachine(ctx context.Context, verb, name string) (*Machine, *Template, error) {
 	m, err := mg.Store.LoadMachine(name)
 	if err != nil {
@@ -329,9 +371,6 @@ func (mg *Manager) hibernatedMachine(ctx context.Context, verb, name string) (*M
 		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
 	}
 	if err := mg.CheckTemplate(ctx, t); err != nil {
-		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
-	}
-	if err := mg.Store.thaw(ctx, t); err != nil {
 		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
 	}
 	return m, t, nil
@@ -396,6 +435,17 @@ func (mg *Manager) forkHibernated(ctx context.Context, forker Forker, req ForkRe
 	_, t, err := mg.hibernatedMachine(ctx, "fork", req.Source)
 	if err != nil {
 		return nil, err
+	}
+	// Journaled, so that a kill in the middle of the copy leaves no
+	// temporary file (a fork entry with only a template: journal.go).
+	done, err := mg.Store.journal(journalEntry{Op: "fork", Template: t.ID})
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	err = mg.Store.thaw(ctx, t)
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	return mg.forkKept(ctx, forker, req, t)
 }
@@ -562,8 +612,13 @@ func (mg *Manager) repairHibernation(ctx context.Context, e journalEntry) (done 
 		if terr != nil {
 			return fail(terr)
 		}
-		if err := mg.endHibernated(ctx, m, t); err != nil {
-			return fail(err)
+		if err := mg.stopAll(ctx, m); err != nil {
+			return fail(err) // tried again by the next command
+		}
+		if _, err := mg.endHibernated(ctx, m, t); err != nil {
+			// Consistent as it is: hibernated, its RAM in the mem dir.
+			log.WithError(err).Warn("a hibernate interrupted after its commit could not write the RAM to disk")
+			return true, nil
 		}
 		log.Warn("finished a hibernate that was interrupted after its commit")
 	case e.Op == "hibernate":

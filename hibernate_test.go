@@ -200,12 +200,7 @@ func TestHibernateCrashRepair(t *testing.T) {
 		if err := mg.freezeRunning(t.Context(), d, m, tpl); err != nil {
 			t.Fatal(err)
 		}
-		img := filepath.Join(tpl.Paths.Dir, fileHibernatedRAM)
-		if _, err := copySparse(t.Context(), tpl.Paths.RAM, img, true); err != nil {
-			t.Fatal(err)
-		}
-		tpl.Hibernation, m.State = img, StateHibernated
-		mg.Store.SaveTemplate(tpl)
+		m.State = StateHibernated // the commit; the RAM is in the mem dir only
 		mg.Store.SaveMachine(m)
 		orphanJournal(t, mg.Store)
 		if err := mg.Recover(t.Context()); err != nil {
@@ -217,6 +212,10 @@ func TestHibernateCrashRepair(t *testing.T) {
 		}
 		if _, err := os.Stat(tpl.Paths.RAM); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("mem-dir RAM: %v, want it freed", err)
+		}
+		tpl, _ = mg.Store.LoadTemplate(tpl.ID)
+		if alloc, err := overlay.AllocatedBytes(tpl.Hibernation); err != nil || alloc != 2*4096 {
+			t.Errorf("RAM on disk after the repair: %d bytes (%v), want the 2 pages of data", alloc, err)
 		}
 		// The resume, killed once its process ran, is put back.
 		tpl, _ = mg.Store.LoadTemplate(tpl.ID)
