@@ -29,97 +29,128 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	users := map[string]int{}
-	layers := map[string]bool{}
-	hibernated := map[string]bool{} // templates holding a machine's hibernated instant (hibernate.go)
+	u, ok := mg.templateUseOf(ctx, ms)
+	if !ok {
+		return
+	}
+	needed, ok := neededDisks(ts, u)
+	if !ok {
+		return
+	}
+	for _, t := range ts {
+		mg.collectTemplate(ctx, t, u, needed, ms)
+	}
+}
+
+// templateUse is what the machines need of the templates: the children
+// that map each one's RAM, the disk layers their chains read, and the
+// templates that hold a machine's hibernated instant (hibernate.go).
+type templateUse struct {
+	users      map[string]int
+	layers     map[string]bool
+	hibernated map[string]bool
+}
+
+// templateUseOf reads ms's use of templates; ok is false when a disk chain
+// cannot be read, and then every template stays, to be safe.
+func (mg *Manager) templateUseOf(ctx context.Context, ms []*Machine) (u templateUse, ok bool) {
+	u = templateUse{users: map[string]int{}, layers: map[string]bool{}, hibernated: map[string]bool{}}
 	for _, m := range ms {
 		mg.refresh(ctx, m)
 		if m.Hibernated != "" {
-			hibernated[m.Hibernated] = true
+			u.hibernated[m.Hibernated] = true
 		}
 		// A hibernated machine maps no template's RAM.
 		if m.Template != "" && m.State != StateStopped && m.State != StateHibernated {
-			users[m.Template]++
+			u.users[m.Template]++
 		}
 		if m.Spec.Disk == "" {
 			continue
 		}
 		chain, err := overlay.Chain(m.Paths.Disk)
 		if err != nil {
-			// Unreadable chain: keep every template, to be safe.
 			mg.Log.WithField("machine", m.Name).WithError(err).Debug("disk chain unreadable; keeping templates")
-			return
+			return u, false
 		}
 		for _, l := range chain {
-			layers[filepath.Clean(l.Path)] = true
+			u.layers[filepath.Clean(l.Path)] = true
 		}
 	}
-	// Frozen disks under a template that children still use must stay:
-	// that template's disk is read-only and cannot be rebased.
-	needed := map[string]bool{}
+	return u, true
+}
+
+// neededDisks returns the frozen disks under a template that children
+// still use: that template's disk is read-only and cannot be rebased, so
+// they must stay. ok is false when a chain cannot be read.
+func neededDisks(ts []*Template, u templateUse) (needed map[string]bool, ok bool) {
+	needed = map[string]bool{}
 	for _, t := range ts {
-		if (users[t.ID] == 0 && t.Name == "" && !hibernated[t.ID]) || t.Paths.Disk == "" {
+		if (u.users[t.ID] == 0 && t.Name == "" && !u.hibernated[t.ID]) || t.Paths.Disk == "" {
 			continue
 		}
 		chain, err := overlay.Chain(t.Paths.Disk)
 		if err != nil {
-			return
+			return nil, false
 		}
 		for _, l := range chain {
 			needed[filepath.Clean(l.Path)] = true
 		}
 	}
-	for _, t := range ts {
-		// A foreign frozen disk is never removed (nor taken out of a chain,
-		// which would copy the user's whole image): its template can go as
-		// soon as no child maps its RAM.
-		ownDisk := t.Paths.Disk != "" && !t.ForeignDisk
-		if hibernated[t.ID] {
-			// It stays while its machine is hibernated; a copy of its RAM
-			// in the mem dir only while children map it.
-			if users[t.ID] == 0 {
-				if err := mg.Store.dropThawed(t); err != nil {
-					mg.Log.WithField("template", t.ID).WithError(err).Warn("could not free template memory")
-				}
+	return needed, true
+}
+
+// collectTemplate frees what of template t no one needs, and removes it
+// when nothing of it is needed.
+func (mg *Manager) collectTemplate(ctx context.Context, t *Template, u templateUse, needed map[string]bool, ms []*Machine) {
+	// A foreign frozen disk is never removed (nor taken out of a chain,
+	// which would copy the user's whole image): its template can go as
+	// soon as no child maps its RAM.
+	ownDisk := t.Paths.Disk != "" && !t.ForeignDisk
+	if u.hibernated[t.ID] {
+		// It stays while its machine is hibernated; a copy of its RAM
+		// in the mem dir only while children map it.
+		if u.users[t.ID] == 0 {
+			if err := mg.Store.dropThawed(t); err != nil {
+				mg.Log.WithField("template", t.ID).WithError(err).Warn("could not free template memory")
 			}
-			continue
 		}
-		// A kept template (kept.go) stays until it is given up.
-		if users[t.ID] > 0 || t.Name != "" {
-			continue
-		}
-		log := mg.Log.WithField("template", t.ID)
-		if ownDisk && needed[filepath.Clean(t.Paths.Disk)] {
-			// Later templates' disks build on this one, but no child maps
-			// its RAM: free that now, the disk goes with them.
-			if t.HasMemory {
-				if err := mg.Store.DropTemplateMemory(t); err != nil {
-					log.WithError(err).Warn("could not free template memory")
-				}
-			}
-			continue
-		}
-		if !ownDisk || !layers[filepath.Clean(t.Paths.Disk)] {
-			if err := mg.Store.RemoveTemplate(t.ID); err != nil {
-				log.WithError(err).Warn("could not remove unused template")
-			} else {
-				log.Info("removed unused template")
-			}
-			continue
-		}
+		return
+	}
+	// A kept template (kept.go) stays until it is given up.
+	if u.users[t.ID] > 0 || t.Name != "" {
+		return
+	}
+	log := mg.Log.WithField("template", t.ID)
+	if ownDisk && needed[filepath.Clean(t.Paths.Disk)] {
+		// Later templates' disks build on this one, but no child maps
+		// its RAM: free that now, the disk goes with them.
 		if t.HasMemory {
 			if err := mg.Store.DropTemplateMemory(t); err != nil {
 				log.WithError(err).Warn("could not free template memory")
 			}
 		}
-		// Only the source's (or a sibling fork's) disk chain still reads the
-		// frozen disk: take it out of those chains, then remove it.
-		if mg.dropLayer(ctx, t.Paths.Disk, ms) {
-			if err := mg.Store.RemoveTemplate(t.ID); err != nil {
-				log.WithError(err).Warn("could not remove unused template")
-			} else {
-				log.Info("removed unused template")
-			}
+		return
+	}
+	if !ownDisk || !u.layers[filepath.Clean(t.Paths.Disk)] {
+		if err := mg.Store.RemoveTemplate(t.ID); err != nil {
+			log.WithError(err).Warn("could not remove unused template")
+		} else {
+			log.Info("removed unused template")
+		}
+		return
+	}
+	if t.HasMemory {
+		if err := mg.Store.DropTemplateMemory(t); err != nil {
+			log.WithError(err).Warn("could not free template memory")
+		}
+	}
+	// Only the source's (or a sibling fork's) disk chain still reads the
+	// frozen disk: take it out of those chains, then remove it.
+	if mg.dropLayer(ctx, t.Paths.Disk, ms) {
+		if err := mg.Store.RemoveTemplate(t.ID); err != nil {
+			log.WithError(err).Warn("could not remove unused template")
+		} else {
+			log.Info("removed unused template")
 		}
 	}
 }
