@@ -130,38 +130,16 @@ func Burst(ctx context.Context, e *Env, opt BurstOptions) (res *BurstResult, err
 	res.ChildrenPerSecond = float64(res.Ready) / wall.Seconds()
 	res.ReadyAtMS = e.events.readySince(start)
 	slices.Sort(res.ReadyAtMS)
-	var run, agent, ready []float64
-	for _, c := range fr.Children {
-		run, ready = append(run, c.RunningMS), append(ready, c.ReadyMS)
-		for _, st := range identitySteps(c.Identity) {
-			if st.Name == agentStep {
-				agent = append(agent, c.RunningMS+st.DurationMS)
-			}
-		}
-	}
-	res.RunningMS, res.AgentMS, res.ReadyMS = spreadOf(run), spreadOf(agent), spreadOf(ready)
+	res.childTimes(fr.Children)
 	e.announce("burst: pinging every child's agent")
 	res.Answered = e.pingAll(ctx, fr.Children)
 	e.step("burst: %d of %d answer", res.Answered, opt.Count)
 	if err := e.settle(ctx); err != nil {
 		return res, err
 	}
-	var pss []float64
-	var kinds [4][]float64
-	for _, c := range fr.Children {
-		m, rerr := readMemory(c.PID, "", int64(opt.MemoryMiB)<<20)
-		if rerr != nil {
-			return res, rerr
-		}
-		res.TotalPSSBytes += m.Total()
-		pss = append(pss, float64(m.Total()))
-		for i, v := range []int64{m.GuestRAMBytes, m.TCGBytes, m.AnonBytes, m.FileBytes} {
-			kinds[i] = append(kinds[i], float64(v))
-		}
+	if err := res.childMemory(fr.Children, opt.MemoryMiB); err != nil {
+		return res, err
 	}
-	res.ChildPSSBytes = spreadOf(pss)
-	res.ChildMemory = Memory{GuestRAMBytes: int64(Median(kinds[0])), TCGBytes: int64(Median(kinds[1])),
-		AnonBytes: int64(Median(kinds[2])), FileBytes: int64(Median(kinds[3]))}
 	if r, err := sharedmem.ReadRollup(src.PID); err == nil {
 		res.SourcePSSBytes = r.PSS
 	}
@@ -176,6 +154,43 @@ func Burst(ctx context.Context, e *Env, opt BurstOptions) (res *BurstResult, err
 	}
 	e.step("burst: memory read")
 	return res, err
+}
+
+// childTimes fills the spreads of the children's running, agent and ready
+// times.
+func (res *BurstResult) childTimes(cs []vmfork.ChildResult) {
+	var run, agent, ready []float64
+	for _, c := range cs {
+		run, ready = append(run, c.RunningMS), append(ready, c.ReadyMS)
+		for _, st := range identitySteps(c.Identity) {
+			if st.Name == agentStep {
+				agent = append(agent, c.RunningMS+st.DurationMS)
+			}
+		}
+	}
+	res.RunningMS, res.AgentMS, res.ReadyMS = spreadOf(run), spreadOf(agent), spreadOf(ready)
+}
+
+// childMemory reads each child's memory (guests of memMiB) into the
+// total, the spread and each kind's median.
+func (res *BurstResult) childMemory(cs []vmfork.ChildResult, memMiB int) error {
+	var pss []float64
+	var kinds [4][]float64
+	for _, c := range cs {
+		m, err := readMemory(c.PID, "", int64(memMiB)<<20)
+		if err != nil {
+			return err
+		}
+		res.TotalPSSBytes += m.Total()
+		pss = append(pss, float64(m.Total()))
+		for i, v := range []int64{m.GuestRAMBytes, m.TCGBytes, m.AnonBytes, m.FileBytes} {
+			kinds[i] = append(kinds[i], float64(v))
+		}
+	}
+	res.ChildPSSBytes = spreadOf(pss)
+	res.ChildMemory = Memory{GuestRAMBytes: int64(Median(kinds[0])), TCGBytes: int64(Median(kinds[1])),
+		AnonBytes: int64(Median(kinds[2])), FileBytes: int64(Median(kinds[3]))}
+	return nil
 }
 
 // pingAll counts the children whose guest agent answers a ping now.

@@ -322,11 +322,11 @@ func (e *Env) peersAt(ctx context.Context, mem int, opt PeersOptions, methods []
 		return nil, err
 	}
 	sz.SourceBootMS = ms(bootD)
-	var children []string
+	ps := &peerSources{src: src, lvSrc: lvName("drv", mem), mem: mem}
 	defer func() {
 		// Children first: a template goes with its last child.
 		rctx := context.WithoutCancel(ctx)
-		err = errors.Join(err, e.remove(rctx, children...), e.remove(rctx, src))
+		err = errors.Join(err, e.remove(rctx, ps.children...), e.remove(rctx, src))
 	}()
 	if err := e.fill(ctx, sz, managerRunner(e.mgr, src), MethodVmfork, src); err != nil {
 		return sz, err
@@ -340,71 +340,41 @@ func (e *Env) peersAt(ctx context.Context, mem int, opt PeersOptions, methods []
 		defer func() { err = errors.Join(err, e.unkeep(context.WithoutCancel(ctx), mem)) }()
 	}
 	e.step("peers %s: source booted", memLabel(mem))
-	var dom *libvirtDomain
 	if slices.Contains(methods, MethodRestore) {
 		e.announce("peers %s: booting the libvirt domain", memLabel(mem))
+		// Not :=, here and below: the deferred removals must set the
+		// function's err, not a shadow of it.
+		var dom *libvirtDomain
 		var d time.Duration
 		if dom, d, err = e.createDomain(ctx, mem, m.Spec.MachineType); err != nil {
 			return sz, fmt.Errorf("libvirt domain: %w", err)
 		}
-		sz.LibvirtBootMS = ms(d)
+		ps.dom, sz.LibvirtBootMS = dom, ms(d)
 		defer func() { err = errors.Join(err, e.destroyDomain(context.WithoutCancel(ctx), dom.name)) }()
 		if err := e.fill(ctx, sz, e.domainRunner(dom.name), MethodRestore, dom.name); err != nil {
 			return sz, err
 		}
 	}
 	e.step("peers %s: libvirt domain booted", memLabel(mem))
-	lvSrc := lvName("drv", mem)
-	var lvChildren []string
+	lvSrc := ps.lvSrc
 	if slices.Contains(methods, MethodLibvirtDriver) {
 		e.announce("peers %s: booting the libvirt driver's source", memLabel(mem))
-		_, d, err := e.bootLibvirtSource(ctx, lvSrc, mem)
-		if err != nil {
+		var d time.Duration
+		if _, d, err = e.bootLibvirtSource(ctx, lvSrc, mem); err != nil {
 			return sz, err
 		}
 		sz.LibvirtDriverBootMS = ms(d)
 		defer func() {
 			rctx := context.WithoutCancel(ctx)
-			err = errors.Join(err, e.removeLibvirt(rctx, append(lvChildren, lvSrc)...))
+			err = errors.Join(err, e.removeLibvirt(rctx, append(ps.lvChildren, lvSrc)...))
 		}()
 		if err := e.fill(ctx, sz, managerRunner(e.lv, lvSrc), MethodLibvirtDriver, lvSrc); err != nil {
 			return sz, err
 		}
 	}
 	e.step("peers %s: libvirt driver's source booted", memLabel(mem))
-	for r := range opt.Rounds {
-		for i := range methods {
-			meth := methods[(i+r)%len(methods)]
-			e.announce("peers %s round %d/%d: %s", memLabel(mem), r+1, opt.Rounds, meth.Label())
-			var s Sample
-			last, lvLast := lastOf(children), lastOf(lvChildren)
-			switch meth {
-			case MethodVmfork:
-				var child string
-				s, child, err = e.forkOne(ctx, src)
-				children, err = keepLast(ctx, children, child, err, e.remove)
-			case MethodFloor:
-				s, err = e.floor(ctx, last)
-			case MethodKept:
-				s, err = e.forkKept(ctx, keptName(mem))
-			case MethodRestore:
-				s, err = e.saveRestore(ctx, dom)
-			case MethodCold:
-				s, err = e.coldBoot(ctx, fmt.Sprintf("cold%d-%d", mem, r+1), mem)
-			case MethodLibvirtDriver:
-				var child string
-				s, child, err = e.forkLibvirt(ctx, lvSrc)
-				lvChildren, err = keepLast(ctx, lvChildren, child, err, e.removeLibvirt)
-			case MethodLibvirtCreate:
-				s, err = e.createPaused(ctx, lvLast, lvName("create", mem)+"-"+strconv.Itoa(r+1))
-			}
-			if err != nil {
-				return sz, fmt.Errorf("round %d: %s: %w", r+1, meth.Label(), err)
-			}
-			s.Method, s.Round = meth, r+1
-			sz.Samples = append(sz.Samples, s)
-			e.step("peers %s round %d/%d: %s done in %.0f ms", memLabel(mem), r+1, opt.Rounds, meth.Label(), max(s.ReadyMS, s.RunningMS))
-		}
+	if err := e.peerRounds(ctx, sz, opt, methods, ps); err != nil {
+		return sz, err
 	}
 	if r, err := sharedmem.ReadRollup(m.PID); err == nil {
 		sz.SourceRSSBytes = r.RSS
@@ -419,6 +389,61 @@ func (e *Env) peersAt(ctx context.Context, mem int, opt PeersOptions, methods []
 	}
 	sz.Ratios = peerRatios(sz.Summary)
 	return sz, nil
+}
+
+// peerSources are what one size's rounds fork from, and the children they
+// made so far: the last of each stays for the next round's floor and
+// create --paused, and the caller removes what is left.
+type peerSources struct {
+	src, lvSrc           string
+	mem                  int
+	dom                  *libvirtDomain
+	children, lvChildren []string
+}
+
+// peerRounds measures each method opt.Rounds times, rotating their order
+// each round.
+func (e *Env) peerRounds(ctx context.Context, sz *PeersSize, opt PeersOptions, methods []Method, ps *peerSources) error {
+	for r := range opt.Rounds {
+		for i := range methods {
+			meth := methods[(i+r)%len(methods)]
+			e.announce("peers %s round %d/%d: %s", memLabel(ps.mem), r+1, opt.Rounds, meth.Label())
+			s, err := e.peerSample(ctx, meth, r+1, ps)
+			if err != nil {
+				return fmt.Errorf("round %d: %s: %w", r+1, meth.Label(), err)
+			}
+			s.Method, s.Round = meth, r+1
+			sz.Samples = append(sz.Samples, s)
+			e.step("peers %s round %d/%d: %s done in %.0f ms", memLabel(ps.mem), r+1, opt.Rounds, meth.Label(), max(s.ReadyMS, s.RunningMS))
+		}
+	}
+	return nil
+}
+
+// peerSample measures method meth once, in round (from 1).
+func (e *Env) peerSample(ctx context.Context, meth Method, round int, ps *peerSources) (s Sample, err error) {
+	last, lvLast := lastOf(ps.children), lastOf(ps.lvChildren)
+	switch meth {
+	case MethodVmfork:
+		var child string
+		s, child, err = e.forkOne(ctx, ps.src)
+		ps.children, err = keepLast(ctx, ps.children, child, err, e.remove)
+	case MethodFloor:
+		s, err = e.floor(ctx, last)
+	case MethodKept:
+		s, err = e.forkKept(ctx, keptName(ps.mem))
+	case MethodRestore:
+		s, err = e.saveRestore(ctx, ps.dom)
+	case MethodCold:
+		s, err = e.coldBoot(ctx, fmt.Sprintf("cold%d-%d", ps.mem, round), ps.mem)
+	case MethodLibvirtDriver:
+		var child string
+		s, child, err = e.forkLibvirt(ctx, ps.lvSrc)
+		ps.lvChildren, err = keepLast(ctx, ps.lvChildren, child, err, e.removeLibvirt)
+	case MethodLibvirtCreate:
+		s, err = e.createPaused(ctx, lvLast, lvName("create", ps.mem)+"-"+strconv.Itoa(round))
+	}
+	return s, err
 }
 
 func lastOf(names []string) string {
