@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmfork/vmfork/customize"
 	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/sharedmem"
 )
 
 // Hibernate and resume are built on the fork primitive (DESIGN, "The one
@@ -451,21 +452,17 @@ func (mg *Manager) forkHibernated(ctx context.Context, forker Forker, req ForkRe
 }
 
 // thaw brings hibernated template t's RAM back to its place in the mem dir,
-// unless it is there. The copy appears whole or not at all: it is written
-// under a temporary name that removeTempFiles knows.
+// unless it is there. The file on disk holds no zero pages, so its data
+// extents are copied in the kernel (copy_file_range), holes kept. The copy
+// appears whole or not at all: it is written under the temporary name that
+// removeTempFiles knows.
 func (s *Store) thaw(ctx context.Context, t *Template) error {
 	if _, err := os.Stat(t.Paths.RAM); err == nil || t.Hibernation == "" {
 		return nil
 	}
-	tmp := filepath.Join(filepath.Dir(t.Paths.RAM), "."+t.ID+ramSuffix+".tmp-thaw")
-	os.Remove(tmp)
-	if _, err := copySparse(ctx, t.Hibernation, tmp, false); err != nil {
-		os.Remove(tmp)
+	os.Remove(filepath.Join(filepath.Dir(t.Paths.RAM), "."+filepath.Base(t.Paths.RAM)+".tmp")) // a killed thaw's
+	if _, err := sharedmem.Freeze(ctx, t.Hibernation, t.Paths.RAM); err != nil {
 		return fmt.Errorf("bring RAM back from %s: %w", t.Hibernation, err)
-	}
-	if err := os.Rename(tmp, t.Paths.RAM); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("bring RAM back: %w", err)
 	}
 	return nil
 }

@@ -35,7 +35,7 @@ func BenchmarkHibernate(b *testing.B) {
 	dom := libvirtPeer(b, e)
 	time.Sleep(2 * time.Second)
 
-	const rounds = 3
+	const rounds = 5
 	var hib, res, save, start []float64
 	var vmforkFile, vmforkAlloc, virshFile, virshAlloc int64
 	for range rounds {
