@@ -267,3 +267,39 @@ func TestCopySparseSkipsZeroPages(t *testing.T) {
 		t.Errorf("copy over an existing file: %v, want ErrExist", err)
 	}
 }
+
+// Dry runs check as the real runs do and change nothing.
+func TestHibernateDryRuns(t *testing.T) {
+	mg, d := newHibManager(t)
+	bootFake(t, mg, "web")
+	p, err := mg.PlanHibernate(t.Context(), "web")
+	if err != nil || !p.DryRun || !p.SourcePauses || len(p.Actions) != 2 {
+		t.Fatalf("plan hibernate = %+v, %v", p, err)
+	}
+	if _, err := mg.PlanResume(t.Context(), ResumeRequest{Machine: "web"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("plan resume of a running machine: %v, want ErrInvalid", err)
+	}
+	if m, _ := mg.Get(t.Context(), "web"); m.State != StateRunning || d.freezeSeen != 0 {
+		t.Fatalf("a dry run changed web: %+v, %d freezes", m, d.freezeSeen)
+	}
+	if _, err := mg.Hibernate(t.Context(), "web"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.PlanHibernate(t.Context(), "web"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("plan hibernate of a hibernated machine: %v, want ErrInvalid", err)
+	}
+	if p, err := mg.PlanResume(t.Context(), ResumeRequest{Machine: "web"}); err != nil || p.Command != "resume" {
+		t.Errorf("plan resume = %+v, %v", p, err)
+	}
+	p, err = mg.PlanFork(t.Context(), ForkRequest{Source: "web", Count: 2})
+	if err != nil || len(p.Children) != 2 || !strings.Contains(p.Actions[0], "stays hibernated") {
+		t.Errorf("plan fork of a hibernated machine = %+v, %v", p, err)
+	}
+	p, errs := mg.PlanRemove(t.Context(), []string{"web"}, false)
+	if errs[0] != nil || !strings.Contains(p.Actions[0], "hibernated machine") {
+		t.Errorf("plan rm = %+v, %v", p, errs)
+	}
+	if m, _ := mg.Get(t.Context(), "web"); m.State != StateHibernated {
+		t.Errorf("dry runs changed the hibernated machine: %+v", m)
+	}
+}
