@@ -59,6 +59,18 @@ func TestHibernateResume(t *testing.T) {
 	memBefore := usage(t, e.memDir)
 	c0 := e.counter("src")
 
+	// Bad input and dry runs change nothing.
+	if r := e.vmfork("resume", "src"); r.code != 2 || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+		t.Errorf("resume of a running machine: %s, want exit 2 and one line", r)
+	}
+	var plan struct {
+		DryRun  bool     `json:"dry_run"`
+		Actions []string `json:"actions"`
+	}
+	e.jsonOK(&plan, "hibernate", "src", "--dry-run")
+	if !plan.DryRun || len(plan.Actions) == 0 || e.machine("src").State != "running" {
+		t.Errorf("hibernate --dry-run: %+v; src %+v, want it running still", plan, e.machine("src"))
+	}
 	var h hibernateJSON
 	e.jsonOK(&h, "hibernate", "src")
 	memAfter := usage(t, e.memDir)
