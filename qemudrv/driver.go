@@ -36,6 +36,7 @@ type Driver struct {
 	// caller's context has no deadline of its own (the CLI's --timeout
 	// gives it one, and then that is the bound).
 	BootTimeout time.Duration
+	procs       procs
 }
 
 // DefaultBootTimeout is long enough for a distribution guest to boot under
@@ -53,7 +54,7 @@ func New(log *logrus.Entry) *Driver {
 		l.SetOutput(io.Discard)
 		log = logrus.NewEntry(l)
 	}
-	return &Driver{log: log.WithField("driver", Name), StopGrace: 10 * time.Second, AgentTimeout: 10 * time.Second, BootTimeout: DefaultBootTimeout}
+	return &Driver{log: log.WithField("driver", Name), StopGrace: 10 * time.Second, AgentTimeout: 10 * time.Second, BootTimeout: DefaultBootTimeout, procs: realProcs()}
 }
 
 // Name implements vmfork.Driver.
@@ -207,7 +208,7 @@ func consoleTail(path string, n int) string {
 // Status implements vmfork.Driver. It looks at the process only, never at QMP,
 // so it does not queue behind another command holding the monitor.
 func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, error) {
-	if templates.Alive(m.PID, m.Paths.QMP) {
+	if d.procs.alive(m.PID, m.Paths.QMP) {
 		if m.State == vmfork.StatePaused {
 			return vmfork.StatePaused, nil
 		}
@@ -218,7 +219,7 @@ func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, e
 
 // Agent implements vmfork.Driver.
 func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, error) {
-	if !templates.Alive(m.PID, m.Paths.QMP) {
+	if !d.procs.alive(m.PID, m.Paths.QMP) {
 		return nil, fmt.Errorf("machine %q: %w", m.Name, vmfork.ErrNotRunning)
 	}
 	actx, cancel := context.WithTimeout(ctx, d.AgentTimeout)
@@ -235,7 +236,7 @@ func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, erro
 // then SIGKILL. With force it kills at once.
 func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error {
 	defer d.removeRuntimeFiles(m)
-	if !templates.Alive(m.PID, m.Paths.QMP) {
+	if !d.procs.alive(m.PID, m.Paths.QMP) {
 		return nil
 	}
 	log := d.log.WithField("machine", m.Name)
@@ -250,18 +251,18 @@ func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error 
 		} else {
 			log.WithError(err).Debug("no clean power-off")
 		}
-		if err := d.qmpStop(ctx, m, "quit", 5*time.Second); err == nil {
+		if err := d.qmpStop(ctx, m, "quit", d.procs.quitGrace); err == nil {
 			return nil
 		} else {
 			log.WithError(err).Debug("QMP quit did not end QEMU")
 		}
 	}
-	if err := syscall.Kill(m.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+	if err := d.procs.signal(m.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("kill QEMU (pid %d): %w", m.PID, err)
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.procs.killGrace)
 	defer cancel()
-	if err := templates.WaitGone(wctx, m.PID, m.Paths.QMP); err != nil {
+	if err := d.procs.waitGone(wctx, m.PID, m.Paths.QMP); err != nil {
 		return fmt.Errorf("QEMU (pid %d) survived SIGKILL: %w", m.PID, err)
 	}
 	return nil
@@ -284,7 +285,7 @@ func (d *Driver) agentShutdown(ctx context.Context, m *vmfork.Machine) error {
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, qmp.ErrClosed) {
 		return err
 	}
-	return templates.WaitGone(ctx, m.PID, m.Paths.QMP)
+	return d.procs.waitGone(ctx, m.PID, m.Paths.QMP)
 }
 
 // qmpStop sends cmd over QMP and waits up to grace for QEMU to exit.
@@ -299,14 +300,14 @@ func (d *Driver) qmpStop(ctx context.Context, m *vmfork.Machine, cmd string, gra
 	if err := mon.Execute(ctx, cmd, nil, nil); err != nil && !errors.Is(err, qmp.ErrClosed) {
 		return err
 	}
-	return templates.WaitGone(ctx, m.PID, m.Paths.QMP)
+	return d.procs.waitGone(ctx, m.PID, m.Paths.QMP)
 }
 
 // removeRuntimeFiles removes what only a running QEMU needs: sockets left by
 // a killed process and the machine's own RAM file (its contents mean nothing
 // once the guest is off). A template's RAM file is never touched here.
 func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
-	if templates.Alive(m.PID, m.Paths.QMP) {
+	if d.procs.alive(m.PID, m.Paths.QMP) {
 		return
 	}
 	for _, p := range []string{m.Paths.QMP, m.Paths.QGA} {

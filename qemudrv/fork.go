@@ -16,7 +16,6 @@ import (
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
-	"github.com/vmfork/vmfork/templates"
 )
 
 var _ vmfork.Forker = (*Driver)(nil)
@@ -206,8 +205,8 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 // is killed.
 func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Template) (err error) {
 	defer func() {
-		if err != nil && templates.Alive(m.PID, m.Paths.QMP) {
-			syscall.Kill(m.PID, syscall.SIGKILL)
+		if err != nil && d.procs.alive(m.PID, m.Paths.QMP) {
+			d.procs.signal(m.PID, syscall.SIGKILL)
 		}
 	}()
 	log := d.log.WithField("machine", m.Name)
@@ -219,7 +218,7 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err := qmp.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, qmp.WithLogger(log)); err != nil {
 		// A QEMU that rejects the stream exits: its log says why.
 		time.Sleep(100 * time.Millisecond)
-		if !templates.Alive(m.PID, m.Paths.QMP) {
+		if !d.procs.alive(m.PID, m.Paths.QMP) {
 			return fmt.Errorf("load device state: %w", exitError(nil, m.Paths.Log))
 		}
 		return fmt.Errorf("load device state: %w", err)
@@ -261,7 +260,7 @@ func dialQMP(ctx context.Context, path string, p *process, logPath string, log *
 
 // Resume implements vmfork.Forker.
 func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
-	if !templates.Alive(m.PID, m.Paths.QMP) {
+	if !d.procs.alive(m.PID, m.Paths.QMP) {
 		return nil
 	}
 	mon, err := qmp.Dial(ctx, m.Paths.QMP)

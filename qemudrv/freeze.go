@@ -15,7 +15,6 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // ownRAM is the name under which machine m keeps the RAM file its QEMU maps:
@@ -116,7 +115,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 }
 
 func (d *Driver) checkFreeze(src *vmfork.Machine) error {
-	if !templates.Alive(src.PID, src.Paths.QMP) {
+	if !d.procs.alive(src.PID, src.Paths.QMP) {
 		return fmt.Errorf("machine %q: %w", src.Name, vmfork.ErrNotRunning)
 	}
 	return nil

@@ -71,7 +71,7 @@ func (d *Driver) spawnMachine(bin string, m *vmfork.Machine, opt ArgvOptions) (*
 		extra = append(extra, tap)
 		d.log.WithFields(logrus.Fields{"machine": m.Name, "tap": name, "bridge": n.Name}).Debug("tap created")
 	}
-	return spawn(bin, Argv(m, opt), m.Paths.Log, extra...)
+	return d.procs.spawn(bin, Argv(m, opt), m.Paths.Log, extra...)
 }
 
 // openTap creates a tap, plugs it into bridge and sets it up. The returned

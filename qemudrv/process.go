@@ -20,6 +20,9 @@ type process struct {
 	pid  int
 	done chan struct{}
 	err  error
+	// signal sends a signal to pid; nil is syscall.Kill (a test's fake
+	// process has its own).
+	signal func(pid int, sig syscall.Signal) error
 }
 
 // spawn starts QEMU so that it outlives the CLI: its own process group (a
@@ -72,7 +75,11 @@ func awaitExit(pid int) {
 
 // kill kills the process and waits for it to be reaped.
 func (p *process) kill() {
-	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	signal := p.signal
+	if signal == nil {
+		signal = syscall.Kill
+	}
+	_ = signal(p.pid, syscall.SIGKILL)
 	<-p.done
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
-	"github.com/vmfork/vmfork/templates"
 )
 
 var _ vmfork.LayerDropper = (*Driver)(nil)
@@ -20,7 +19,7 @@ var _ vmfork.LayerDropper = (*Driver)(nil)
 // untouched for the children that still read them; the machine just stops
 // reading them.
 func (d *Driver) DropLayer(ctx context.Context, m *vmfork.Machine, layer string) error {
-	if !templates.Alive(m.PID, m.Paths.QMP) {
+	if !d.procs.alive(m.PID, m.Paths.QMP) {
 		return fmt.Errorf("machine %q: %w", m.Name, vmfork.ErrNotRunning)
 	}
 	chain, k, err := overlay.FindLayer(m.Paths.Disk, layer)
