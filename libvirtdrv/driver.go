@@ -192,8 +192,8 @@ func (d *Driver) closed(_ *libvirt.Connect, reason libvirt.ConnectCloseReason) {
 var hung atomic.Pointer[string]
 
 // named wraps err, from libvirt call name, so that the command's one-line
-// error names the call.
-func (d *Driver) named(name string, err error) error {
+// error names the call; nil stays nil.
+func named(name string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -248,7 +248,7 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 	}
 	dom, err := d.conn.DomainCreateXML(x, 0)
 	if err != nil {
-		return fmt.Errorf("create domain %q: %w", m.Name, d.named("virDomainCreateXML", err))
+		return fmt.Errorf("create domain %q: %w", m.Name, named("virDomainCreateXML", err))
 	}
 	defer dom.Free()
 	defer func() {
@@ -305,7 +305,7 @@ func (d *Driver) machineType(ctx context.Context, accel string) (string, error) 
 	}
 	x, err := d.conn.GetDomainCapabilities("", domainArch, "q35", virt, 0)
 	if err != nil {
-		return "", fmt.Errorf("domain capabilities: %w", d.named("virConnectGetDomainCapabilities", err))
+		return "", fmt.Errorf("domain capabilities: %w", named("virConnectGetDomainCapabilities", err))
 	}
 	var caps libvirtxml.DomainCaps
 	if err := caps.Unmarshal(x); err != nil {
@@ -334,7 +334,7 @@ func (d *Driver) checkNameFree(m *vmfork.Machine) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("look up domain %q: %w", m.Name, d.named("virDomainLookupByName", err))
+		return fmt.Errorf("look up domain %q: %w", m.Name, named("virDomainLookupByName", err))
 	}
 	defer dom.Free()
 	if d.owns(dom, m) {
@@ -384,7 +384,7 @@ func (d *Driver) domain(m *vmfork.Machine) (*libvirt.Domain, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("look up domain %q: %w", m.Name, d.named("virDomainLookupByName", err))
+		return nil, fmt.Errorf("look up domain %q: %w", m.Name, named("virDomainLookupByName", err))
 	}
 	own, err := d.owner(dom, m)
 	if err != nil || !own {
@@ -411,7 +411,7 @@ func (d *Driver) owner(dom *libvirt.Domain, m *vmfork.Machine) (bool, error) {
 	if m.Adopted != nil {
 		uuid, err := dom.GetUUIDString()
 		if err != nil {
-			return false, d.named("virDomainGetUUIDString", err)
+			return false, named("virDomainGetUUIDString", err)
 		}
 		return uuid == m.Adopted.ID, nil
 	}
@@ -420,7 +420,7 @@ func (d *Driver) owner(dom *libvirt.Domain, m *vmfork.Machine) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, d.named("virDomainGetMetadata", err)
+		return false, named("virDomainGetMetadata", err)
 	}
 	md := parseMetadata(x)
 	return md != nil && md.Machine == m.Name && filepath.Clean(md.MachineDir) == filepath.Clean(m.Paths.Dir), nil
@@ -453,7 +453,7 @@ func (d *Driver) Status(ctx context.Context, m *vmfork.Machine) (vmfork.State, e
 		return vmfork.StateStopped, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("domain %q state: %w", m.Name, d.named("virDomainGetState", err))
+		return "", fmt.Errorf("domain %q state: %w", m.Name, named("virDomainGetState", err))
 	}
 	switch st {
 	case libvirt.DOMAIN_RUNNING, libvirt.DOMAIN_BLOCKED:

@@ -78,6 +78,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		SaveDeviceState: func(ctx context.Context) error {
 			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log))
 		},
+		QMP:      mon,
 		RAM:      ram,
 		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
 		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
@@ -134,12 +135,12 @@ func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machin
 
 func suspend(ctx context.Context, dom *libvirt.Domain) error {
 	_, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) { return struct{}{}, d.Suspend() })
-	return err
+	return named("virDomainSuspend", err)
 }
 
 func resume(ctx context.Context, dom *libvirt.Domain) error {
 	_, err := call(ctx, dom, func(d *libvirt.Domain) (struct{}, error) { return struct{}{}, d.Resume() })
-	return err
+	return named("virDomainResume", err)
 }
 
 // freezePrep is what a freeze prepares and checks before pausing the source.

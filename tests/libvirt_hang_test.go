@@ -308,7 +308,7 @@ func TestLibvirtHungCalls(t *testing.T) {
 	p2 := startLibvirtProxy(t)
 	p2.freezeAt.Store(procDomainResume)
 	before := d.count(src)
-	hangCheck(t, d, p2.uri(), []string{"did not answer"}, "fork", src, d.n("c"))
+	hangCheck(t, d, p2.uri(), []string{"virDomainResume", "did not answer"}, "fork", src, d.n("c"))
 	if !p2.frozen.Load() {
 		t.Fatal("the fork never asked libvirt to resume its source")
 	}
