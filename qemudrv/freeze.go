@@ -90,6 +90,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		SaveDeviceState: func(ctx context.Context) error {
 			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log))
 		},
+		QMP:    mon,
 		RAM:    ram,
 		Paused: func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
 	}

@@ -20,7 +20,10 @@ type Recipe struct {
 	SwitchDisk func(ctx context.Context, w *PauseWindow) error
 	// SaveDeviceState writes the device state (x-ignore-shared set).
 	SaveDeviceState func(ctx context.Context) error
-	RAM             *Plan
+	// QMP reaches the source's QEMU, asked for its run state after the
+	// save (settled).
+	QMP Monitor
+	RAM *Plan
 	// AfterRAM, when set, finishes the template's RAM file (its owner).
 	AfterRAM func(ctx context.Context) error
 	// Paused, when set, runs once the device state is saved (a crash test's
@@ -64,6 +67,9 @@ func (r Recipe) Run(ctx context.Context) (fr Frozen, err error) {
 	if err := r.SaveDeviceState(ctx); err != nil {
 		return fr, fmt.Errorf("save device state: %w", err)
 	}
+	if err := settled(ctx, r.QMP); err != nil {
+		return fr, fmt.Errorf("save device state: %w", err)
+	}
 	mark("devstate_ms")
 	if r.Paused != nil {
 		r.Paused()
@@ -97,4 +103,36 @@ func (f Frozen) Phases() map[string]any {
 		m[k] = v
 	}
 	return m
+}
+
+// settleTimeout bounds the wait for QEMU to leave finish-migrate.
+const settleTimeout = 5 * time.Second
+
+// settled waits until the QEMU behind mon has left the finish-migrate run
+// state. QEMU 7.2 reports a save completed (query-migrate) a moment before its
+// migration thread moves the VM from finish-migrate to postmigrate, and a cont
+// in between fails with "Migration is not finalized yet": a freeze that copies
+// no RAM resumes soon enough to hit that (seen on libvirt, one fork in five).
+func settled(ctx context.Context, mon Monitor) error {
+	if mon == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for {
+		var st struct {
+			Status string `json:"status"`
+		}
+		if err := mon.Execute(ctx, "query-status", nil, &st); err != nil {
+			return fmt.Errorf("query run state: %w", err)
+		}
+		if st.Status != "finish-migrate" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("QEMU still finishing the save: %w", ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }

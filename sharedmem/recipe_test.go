@@ -4,6 +4,7 @@ package sharedmem
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -84,4 +85,41 @@ func TestRecipeRollsBack(t *testing.T) {
 			t.Errorf("template RAM file: %v", err)
 		}
 	})
+}
+
+// statusMonitor answers query-status with finish-migrate n times, then
+// postmigrate, as QEMU does right after a save completed.
+type statusMonitor struct {
+	fakeMonitor
+	n int
+}
+
+func (m *statusMonitor) Execute(_ context.Context, cmd string, _, result any) error {
+	m.cmds = append(m.cmds, cmd)
+	st := "postmigrate"
+	if m.n > 0 {
+		m.n--
+		st = "finish-migrate"
+	}
+	return json.Unmarshal([]byte(`{"status": "`+st+`"}`), result)
+}
+
+// TestRecipeWaitsForSaveToSettle: the source is resumed only once QEMU has
+// left finish-migrate (a cont before that fails).
+func TestRecipeWaitsForSaveToSettle(t *testing.T) {
+	t.Setenv(InjectEnv, "")
+	mon := &statusMonitor{n: 3}
+	resumedEarly := false
+	src := PauseSource{
+		Pause:       func(context.Context) error { return nil },
+		Resume:      func(context.Context) error { resumedEarly = mon.n > 0; return nil },
+		StillPaused: errStillPaused,
+	}
+	plan, _ := Prepare(t.Context(), mon, PlanRequest{SizeBytes: 1 << 20, Template: filepath.Join(t.TempDir(), "t.ram")})
+	if _, err := (Recipe{Source: src, QMP: mon, SaveDeviceState: func(context.Context) error { return nil }, RAM: plan}).Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if resumedEarly || len(mon.cmds) != 4 {
+		t.Errorf("resumed while finish-migrate: %v; query-status asked %d times, want 4", resumedEarly, len(mon.cmds))
+	}
 }
