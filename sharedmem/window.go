@@ -54,10 +54,11 @@ func (w *PauseWindow) Keep() {
 }
 
 // Resume resumes the source, closes the window and returns how long the source was paused. When
-// resuming fails the window stays open, so Rollback tries once more.
+// resuming fails the window stays open, so Rollback tries once more, and its error wraps
+// StillPaused only if that fails too (the source then is still paused).
 func (w *PauseWindow) Resume(ctx context.Context) (time.Duration, error) {
 	if err := w.src.Resume(ctx); err != nil {
-		return 0, fmt.Errorf("resume: %w: %w", err, w.src.StillPaused)
+		return 0, fmt.Errorf("resume: %w", err)
 	}
 	w.undo = nil
 	return time.Since(w.start), nil

@@ -83,6 +83,19 @@ func TestResumeFailureIsStillPaused(t *testing.T) {
 	}
 }
 
+// TestResumeRetried: a resume that fails once and works when Rollback tries
+// again fails the freeze, but does not say the source is still paused.
+func TestResumeRetried(t *testing.T) {
+	r := &recorder{failResume: 1}
+	err := freezeWith(r, func(w *PauseWindow) error {
+		_, err := w.Resume(context.Background())
+		return err
+	})
+	if err == nil || errors.Is(err, errStillPaused) || !slices.Equal(r.log, []string{"pause", "resume", "resume"}) {
+		t.Fatalf("got %v, %v; want a failure without StillPaused after the second resume worked", r.log, err)
+	}
+}
+
 func TestSuccessRunsNoUndo(t *testing.T) {
 	r := &recorder{}
 	err := freezeWith(r, func(w *PauseWindow) error {
