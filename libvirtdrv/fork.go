@@ -78,6 +78,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		SaveDeviceState: func(ctx context.Context) error {
 			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log))
 		},
+		QMP:      mon,
 		RAM:      ram,
 		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
 		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
