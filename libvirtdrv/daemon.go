@@ -71,7 +71,11 @@ func (SystemDaemon) Restart(ctx context.Context) error {
 	// No pipes: the daemon keeps its inherited descriptors, and a pipe held
 	// open by it would keep this wait going. Its own session, so a Ctrl-C
 	// in this terminal never reaches it.
-	cmd := exec.Command("libvirtd", "-d")
+	// umask 022: libvirtd creates its directories (memory_backing_dir's
+	// libvirt/, say) under the umask it inherits, and vmfork's own (077)
+	// would leave them closed to the QEMU user libvirt runs domains as,
+	// which then cannot open its RAM file. A fixed command line, no input.
+	cmd := exec.Command("/bin/sh", "-c", "umask 022 && exec libvirtd -d")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("failed to run %v: %w", cmd.Args, err)

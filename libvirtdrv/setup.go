@@ -133,6 +133,15 @@ func Setup(ctx context.Context, opt SetupOptions) (*SetupResult, error) {
 			}
 		}
 	}
+	if !opt.DryRun || confChanged == "" {
+		// res.MemoryBackingDir is <memory_backing_dir>/libvirt/qemu.
+		base := filepath.Dir(filepath.Dir(res.MemoryBackingDir))
+		opened, err := openRAMDirs(base, res.MemoryBackingDir, opt.DryRun)
+		if err != nil {
+			return res, fmt.Errorf("setup: %w", err)
+		}
+		res.Changes = append(res.Changes, opened...)
+	}
 	res.Changed = len(res.Changes) > 0
 	if !opt.DryRun || kvmChanged == "" {
 		p, err := KVMProblem(opt.KVMDevice, opt.QEMUConf)
@@ -254,4 +263,40 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	return nil
+}
+
+// openRAMDirs gives each existing directory from below base down to dir
+// (memory_backing_dir's libvirt/ and libvirt/qemu/) search permission for
+// others, if it lacks it, and says what it changed. libvirt's QEMU user
+// must pass through them to its domain's RAM file; a libvirtd started
+// under umask 077 (as vmfork's setup did before it set 022) made them 0700.
+func openRAMDirs(base, dir string, dryRun bool) ([]string, error) {
+	base, dir = filepath.Clean(base), filepath.Clean(dir)
+	rel, err := filepath.Rel(base, dir)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return nil, nil // not below base: libvirt's own default, not ours
+	}
+	var changes []string
+	d := base
+	for _, part := range strings.Split(rel, string(filepath.Separator)) {
+		d = filepath.Join(d, part)
+		st, err := os.Stat(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			break // libvirtd makes it at its next domain start
+		}
+		if err != nil {
+			return changes, err
+		}
+		mode := st.Mode().Perm()
+		if mode&0o001 != 0 {
+			continue
+		}
+		if !dryRun {
+			if err := os.Chmod(d, mode|0o011); err != nil {
+				return changes, fmt.Errorf("open %s to libvirt's QEMU user: %w", d, err)
+			}
+		}
+		changes = append(changes, fmt.Sprintf("gave %s mode %04o so that libvirt's QEMU user can reach its RAM files (was %04o)", d, mode|0o011, mode))
+	}
+	return changes, nil
 }
