@@ -93,6 +93,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	fr.Pause, fr.RAMCopiedBytes = frozen.Pause, frozen.CopiedBytes
+	fr.RAMMode, fr.PrecopiedBytes = ram.Mode.String(), ram.Precopied
 	if fi, err := os.Stat(t.Paths.DevState); err == nil {
 		t.Manifest.DevStateBytes = fi.Size()
 	}

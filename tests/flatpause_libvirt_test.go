@@ -18,25 +18,15 @@ import (
 // fork again copying only their private pages.
 
 // lvFork forks src into child through libvirt and returns the RAM mode and
-// the bytes copied inside the pause, as the driver's debug log reports them.
+// the bytes copied inside the pause, as the fork's --trace-json reports them.
 func (d *driverEnv) lvFork(src, child string) (mode string, copied int64, res forkJSON) {
 	d.t.Helper()
-	r := d.cliOK("--log-level", "debug", "fork", src, child, "--json")
+	r := d.cliOK("fork", src, child, "--json", "--trace-json")
 	if err := jsonDecode(r.stdout, &res); err != nil || len(res.Children) != 1 {
 		d.t.Fatalf("fork %s %s: %v: %s", src, child, err, r)
 	}
-	field := func(key string) string {
-		_, rest, ok := strings.Cut(r.stderr, key+"=")
-		if !ok {
-			d.t.Fatalf("fork %s %s: no %s in the debug log: %s", src, child, key, r.stderr)
-		}
-		return strings.Fields(rest)[0]
-	}
-	copied, err := strconv.ParseInt(field("paused_copy_bytes"), 10, 64)
-	if err != nil {
-		d.t.Fatalf("fork %s %s: paused_copy_bytes: %v", src, child, err)
-	}
-	return field("ram_mode"), copied, res
+	fz := frozenEvent(d.t, r.stderr)
+	return fz.RAMMode, *fz.PausedCopyBytes, res
 }
 
 func (d *driverEnv) fill(name, file string, mib int) string {

@@ -30,20 +30,17 @@ func (e *env) md5(name, file string) string {
 	return strings.Fields(out)[0]
 }
 
-// forkMode forks src into child and returns the RAM mode the driver logged
-// (first, diff or stream), the fork's result and its log.
-func (e *env) forkMode(src, child string) (string, forkJSON, string) {
+// forkMode forks src into child and returns the freeze as the fork's
+// --trace-json reports it (RAM mode first, diff or stream, and the bytes
+// copied before and in the pause) and the fork's result.
+func (e *env) forkMode(src, child string) (traceEvent, forkJSON) {
 	e.t.Helper()
-	r := e.ok("--log-level", "debug", "fork", src, child, "--json")
+	r := e.ok("fork", src, child, "--json", "--trace-json")
 	var res forkJSON
 	if err := jsonDecode(r.stdout, &res); err != nil || len(res.Children) != 1 {
 		e.t.Fatalf("fork %s %s: %v: %s", src, child, err, r)
 	}
-	_, rest, ok := strings.Cut(r.stderr, "ram_mode=")
-	if !ok {
-		e.t.Fatalf("fork %s %s: no ram_mode in the debug log: %s", src, child, r.stderr)
-	}
-	return strings.Fields(rest)[0], res, r.stderr
+	return frozenEvent(e.t, r.stderr), res
 }
 
 // counterAdvances fails the test unless name's counter moves.
@@ -72,9 +69,9 @@ func TestFlatPauseContinues(t *testing.T) {
 	fill := e.fillRun("src", "/run/fill", 48)
 	e.exec("src", "sh", "-c", "echo unsynced > /data/unsynced")
 
-	mode, res, _ := e.forkMode("src", "c1")
-	if mode != "first" {
-		t.Errorf("first fork of a booted source: RAM mode %s, want first (no copy)", mode)
+	fz, res := e.forkMode("src", "c1")
+	if fz.RAMMode != "first" || *fz.PausedCopyBytes != 0 {
+		t.Errorf("first fork of a booted source: RAM mode %s, %d bytes copied in the pause; want first (no copy)", fz.RAMMode, *fz.PausedCopyBytes)
 	}
 	tpl1 := filepath.Join(e.memDir, res.Template+".ram")
 	sum1 := fileSHA256(t, tpl1)
@@ -108,9 +105,9 @@ func TestFlatPauseContinues(t *testing.T) {
 
 	// Second fork: c1 still maps the first template, so the source's
 	// private pages go onto a copy of it.
-	mode, res2, _ := e.forkMode("src", "c2")
-	if mode != "diff" {
-		t.Errorf("second fork: RAM mode %s, want diff", mode)
+	fz, res2 := e.forkMode("src", "c2")
+	if fz.RAMMode != "diff" {
+		t.Errorf("second fork: RAM mode %s, want diff", fz.RAMMode)
 	}
 	tpl2 := filepath.Join(e.memDir, res2.Template+".ram")
 	sum2 := fileSHA256(t, tpl2)
@@ -136,9 +133,9 @@ func TestFlatPauseContinues(t *testing.T) {
 	// source: the third fork writes its private pages into it in place.
 	e.ok("rm", "c1", "c2")
 	srcFill = e.md5("src", "/run/fill")
-	mode, _, log := e.forkMode("src", "c3")
-	if mode != "diff" || !strings.Contains(log, "precopied_bytes=0 ") {
-		t.Errorf("third fork: RAM mode %s, want diff in place (nothing copied before the pause): %s", mode, log)
+	fz, _ = e.forkMode("src", "c3")
+	if fz.RAMMode != "diff" || *fz.PrecopiedBytes != 0 {
+		t.Errorf("third fork: RAM mode %s, %d bytes copied before the pause; want diff in place (nothing copied)", fz.RAMMode, *fz.PrecopiedBytes)
 	}
 	if got := e.md5("c3", "/run/fill"); got != srcFill {
 		t.Errorf("c3 does not hold the source's memory at the third fork")
@@ -179,9 +176,9 @@ func TestFlatPauseChain(t *testing.T) {
 		parent, child := names[i-1], names[i]
 		e.exec(parent, "sh", "-c", "echo "+parent+" > /run/gen-"+strconv.Itoa(i)+"; echo "+parent+" > /data/gen")
 		want := e.md5(parent, "/run/fill")
-		mode, _, _ := e.forkMode(parent, child)
-		if i > 1 && mode != "diff" {
-			t.Errorf("fork of %s (a child): RAM mode %s, want diff (never stream)", parent, mode)
+		fz, _ := e.forkMode(parent, child)
+		if i > 1 && fz.RAMMode != "diff" {
+			t.Errorf("fork of %s (a child): RAM mode %s, want diff (never stream)", parent, fz.RAMMode)
 		}
 		if got := e.md5(child, "/run/fill"); got != want {
 			t.Errorf("%s: memory differs from its parent's at the fork", child)

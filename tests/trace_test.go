@@ -24,6 +24,22 @@ type traceEvent struct {
 		Status string `json:"status"`
 	} `json:"step"`
 	Error string `json:"error"`
+	// source_frozen: how the driver froze the RAM and what it copied
+	// before and inside the pause.
+	RAMMode         string `json:"ram_mode"`
+	PrecopiedBytes  *int64 `json:"precopied_bytes"`
+	PausedCopyBytes *int64 `json:"paused_copy_bytes"`
+}
+
+// frozenEvent returns the one source_frozen event in stderr of a fork run
+// with --trace-json, or fails the test.
+func frozenEvent(t testing.TB, stderr string) traceEvent {
+	t.Helper()
+	evs := traceEvents(stderr, "source_frozen")
+	if len(evs) != 1 || evs[0].RAMMode == "" || evs[0].PrecopiedBytes == nil || evs[0].PausedCopyBytes == nil {
+		t.Fatalf("want one source_frozen event with the RAM mode and copies, got %+v in: %s", evs, stderr)
+	}
+	return evs[0]
 }
 
 // traceEvents returns the --trace-json events named event (all of them
