@@ -123,18 +123,18 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
 	defer unlock()
-	if m, err := mg.Store.LoadMachine(req.Source); errors.Is(err, ErrNotFound) {
-		if t, err := mg.Store.FindKept(req.Source); err == nil {
-			return mg.forkKept(ctx, forker, req, t)
-		}
-	} else if err == nil && m.State == StateHibernated {
-		return mg.forkHibernated(ctx, forker, req) // hibernate.go
-	}
-	src, names, adopted, err := mg.checkFork(ctx, req)
+	p, err := mg.planFork(ctx, forker, req)
 	if err != nil {
 		return nil, err
 	}
-	if adopted {
+	switch p.mode {
+	case forkKept:
+		return mg.forkPlanned(ctx, p)
+	case forkHibernated:
+		return mg.forkHibernated(ctx, forker, req) // hibernate.go
+	}
+	src := p.source
+	if p.adopted {
 		// A machine adopted for this fork leaves no record when no child
 		// comes of it (adopt.go).
 		defer func() {
@@ -143,14 +143,14 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 			}
 		}()
 	}
-	f, err := mg.prepareFork(src, names)
+	f, err := mg.prepareFork(src, p.names)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
+	p.tpl = f.tpl
 	mg.applyForkTTL(ctx, req.TTL, f.children)
 	Fault(FaultForkReserved, src.PID)
-	live := src.State == StateRunning
-	if live {
+	if p.mode == forkLive {
 		f.tpl.DetachDevices = req.DetachDevices
 		if err = mg.preFork(ctx, src, req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, forker, src, f.tpl)
@@ -169,7 +169,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	Fault(FaultForkFrozen, src.PID)
 
 	inheritDevices(f.tpl, f.children)
-	results := mg.startChildren(ctx, forker, f.tpl, f.children, live, req)
+	results := mg.startChildren(ctx, p, f.children)
 	f.done()
 	res, err = mg.forkOutcome(src.Name, f.tpl, f.children, results)
 	mg.collectTemplates(ctx)
@@ -178,10 +178,11 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 
 // checkFork validates everything about a fork that can be checked before
 // anything is created or paused, and returns the source, the children's
-// names and whether the source was adopted just now. The caller holds the
+// names and whether the source was adopted just now. m and loadErr are the
+// source's refreshed record as planFork loaded it. The caller holds the
 // source's lock.
-func (mg *Manager) checkFork(ctx context.Context, req ForkRequest) (src *Machine, names []string, adopted bool, err error) {
-	src, err = mg.Get(ctx, req.Source)
+func (mg *Manager) checkFork(ctx context.Context, req ForkRequest, m *Machine, loadErr error) (src *Machine, names []string, adopted bool, err error) {
+	src, err = m, loadErr
 	if errors.Is(err, ErrNotFound) {
 		// A machine vmfork did not make, such as an existing libvirt
 		// domain, can be forked when the driver can adopt it (adopt.go).
@@ -458,8 +459,10 @@ type childOutcome struct {
 	err error
 }
 
-// startChildren starts the children, at most parallel at once.
-func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Template, children []*Machine, live bool, req ForkRequest) []childOutcome {
+// startChildren starts plan p's reserved children, at most p.req.Parallel
+// at once.
+func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*Machine) []childOutcome {
+	req, tpl, live := p.req, p.tpl, p.live()
 	parallel := req.Parallel
 	if parallel <= 0 {
 		parallel = 4
@@ -474,31 +477,35 @@ func (mg *Manager) startChildren(ctx context.Context, forker Forker, tpl *Templa
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
 	for i, c := range children {
-		var member *Machine
-		if i < len(members) {
-			member = members[i]
+		cs := childStart{tpl: tpl, child: c, index: i + 1, mode: childBoot, identity: req.Identity}
+		switch {
+		case i < len(members):
+			cs.mode, cs.member = childFromPool, members[i]
+		case live:
+			cs.mode = childLoad
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i] = mg.startChild(ctx, forker, tpl, c, i+1, live, member, req.Identity)
+			out[i] = mg.startChild(ctx, p.forker, cs)
 		}()
 	}
 	wg.Wait()
 	return out
 }
 
-// startChild starts child c, the index-th (from 1) of its fork, and gives it
-// its identity; a non-nil member is a warm-pool process to start it from. A
-// child whose identity chain fails is killed, or kept with its network link
-// down when opts say so; either way it counts as failed.
-func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template, c *Machine, index int, live bool, member *Machine, opts IdentityOptions) (o childOutcome) {
+// startChild starts child cs.child, the cs.index-th of its fork, the way
+// cs.mode says, and gives it its identity. A child whose identity chain
+// fails is killed, or kept with its network link down when cs.identity says
+// so; either way it counts as failed.
+func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart) (o childOutcome) {
+	tpl, c, index, member, opts := cs.tpl, cs.child, cs.index, cs.member, cs.identity
 	log := mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": tpl.ID})
 	tr := traceOf(ctx)
 	start := time.Now()
-	tr.childStarted(ChildStartInfo{Child: c.Name, Template: tpl.ID, Index: index, Pooled: member != nil, At: start})
+	tr.childStarted(ChildStartInfo{Child: c.Name, Template: tpl.ID, Index: index, Pooled: cs.mode == childFromPool, At: start})
 	keep := false
 	defer func() {
 		if o.err == nil {
@@ -515,7 +522,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 		}
 		tr.childFailed(ChildFailedInfo{Child: c.Name, Err: o.err, Identity: o.Identity, At: time.Now()})
 	}()
-	if tpl.Paths.Disk != "" && member == nil {
+	if tpl.Paths.Disk != "" && cs.mode != childFromPool {
 		if err := overlay.Create(ctx, tpl.Paths.Disk, c.Paths.Disk); err != nil {
 			return childOutcome{err: err}
 		}
@@ -523,7 +530,8 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 	if err := mg.prepareIdentity(c, tpl, index, opts); err != nil {
 		return childOutcome{err: err}
 	}
-	if member != nil {
+	switch cs.mode {
+	case childFromPool:
 		// The member's overlay, process, ports and vmgenid become the
 		// child's; only the device state remains to load.
 		if err := mg.adoptMember(c, member); err != nil {
@@ -533,7 +541,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 		if err := forker.(Pooler).Complete(ctx, c, tpl); err != nil {
 			return childOutcome{err: err}
 		}
-	} else if live {
+	case childLoad:
 		c.Paths.RAM, c.Paths.RAMShared = tpl.Paths.RAM, false
 		if err := mg.Store.SaveMachine(c); err != nil {
 			return childOutcome{err: err}
@@ -541,8 +549,10 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 		if err := forker.StartChild(ctx, c, tpl); err != nil {
 			return childOutcome{err: err}
 		}
-	} else if err := mg.Driver.Start(ctx, c); err != nil {
-		return childOutcome{err: err}
+	default:
+		if err := mg.Driver.Start(ctx, c); err != nil {
+			return childOutcome{err: err}
+		}
 	}
 	running := time.Since(start)
 	// The child stays "creating" until its identity chain has finished and
@@ -555,7 +565,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, tpl *Template,
 	tr.childRunning(ChildRunningInfo{Child: c.Name, PID: c.PID, Running: running, At: time.Now()})
 	result := ChildResult{Name: c.Name, PID: c.PID, Ports: c.Spec.Ports, RunningMS: ms(running)}
 	opts.Edit = faultIdentity(opts.Edit, c)
-	id, err := mg.applyIdentity(ctx, c, tpl, index, live, opts)
+	id, err := mg.applyIdentity(ctx, c, tpl, index, cs.live(), opts)
 	result.Identity = id
 	if err != nil {
 		if keep = opts.KeepOnFailure; keep {

@@ -271,28 +271,46 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 	return st
 }
 
-// forkKept makes children of kept template t; the caller holds the lock of
-// t's name. Pool members become the first children; the pool is refilled
-// once every child is up.
-func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest, t *Template) (*ForkResult, error) {
+// planKept completes plan p of a fork of kept template t: it checks the
+// template and the request before any child is reserved.
+func (mg *Manager) planKept(ctx context.Context, p *forkPlan, t *Template) (err error) {
+	req := p.req
 	// A template copied from another host, or kept across an upgrade of
 	// QEMU, is refused here, before any child is reserved (compat.go).
 	if err := mg.CheckTemplate(ctx, t); err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
+		return fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	names, err := mg.childNames(req)
+	if p.names, err = mg.childNames(req); err != nil {
+		return fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	if err := req.Identity.ValidateFor(len(p.names)); err != nil {
+		return fmt.Errorf("fork %q: %w", req.Source, err)
+	}
+	p.mode, p.tpl = forkKept, t
+	p.source = &Machine{Name: t.Source, Driver: t.Driver, Accel: t.Accel, Spec: t.Spec}
+	return nil
+}
+
+// forkKept makes children of kept template t (a hibernated machine's too:
+// hibernate.go); the caller holds the lock of t's name.
+func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest, t *Template) (*ForkResult, error) {
+	p := &forkPlan{req: req, forker: forker}
+	if err := mg.planKept(ctx, p, t); err != nil {
+		return nil, err
+	}
+	return mg.forkPlanned(ctx, p)
+}
+
+// forkPlanned makes the children of plan p's kept template; the caller
+// holds the lock of its name. Pool members become the first children; the
+// pool is refilled once every child is up.
+func (mg *Manager) forkPlanned(ctx context.Context, p *forkPlan) (*ForkResult, error) {
+	req, t := p.req, p.tpl
+	done, err := mg.Store.journal(journalEntry{Op: "fork", Template: t.ID, Machines: p.names})
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	if err := req.Identity.ValidateFor(len(names)); err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	done, err := mg.Store.journal(journalEntry{Op: "fork", Template: t.ID, Machines: names})
-	if err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	src := &Machine{Name: t.Source, Driver: t.Driver, Accel: t.Accel, Spec: t.Spec}
-	children, err := mg.reserve(src, t, names)
+	children, err := mg.reserve(p.source, t, p.names)
 	if err != nil {
 		done()
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
@@ -300,7 +318,7 @@ func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest,
 	mg.applyForkTTL(ctx, req.TTL, children)
 	// A template of a stopped machine holds only its disk: its children
 	// boot fresh from an overlay on it.
-	results := mg.startChildren(ctx, forker, t, children, t.HasMemory, req)
+	results := mg.startChildren(ctx, p, children)
 	done()
 	res, err := mg.forkOutcome(req.Source, t, children, results)
 	res.PauseMS = 0 // nothing was paused: the source paid at the save
