@@ -390,6 +390,7 @@ const debianPlaybook = `
 `
 
 func TestAnsibleDebianModules(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	a := newAnsible(t, e.env)
 	e.bootDebian("deb", e.deb.Variants[0])

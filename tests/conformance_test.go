@@ -22,6 +22,7 @@ var conformanceDrivers = []struct {
 // TestConformance runs the one suite every driver must pass, once per driver
 // (the embedded QEMU driver and libvirt), on the busybox test guest.
 func TestConformance(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, drv := range conformanceDrivers {
 		t.Run(drv.name, func(t *testing.T) {
 			conformance(t, newDriverEnv(t, drv.args), busyboxConformance)
@@ -34,6 +35,7 @@ func TestConformance(t *testing.T) {
 // identity work started from), for both drivers. The guest has nothing of
 // vmfork's: the counter is a shell loop started through the agent.
 func TestConformanceDebian(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	deb := debianGuest(t)
 	v := deb.variant(t, "ifupdown-nodbus")
 	g := conformanceGuest{

@@ -59,6 +59,7 @@ type crashCase struct {
 func (c crashCase) self() bool { return !strings.HasSuffix(c.fault, ":qemu") }
 
 func TestCrashMatrix(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	r := &rig{env: e, t: t}
 	t.Cleanup(r.killStrays)

@@ -8,4 +8,15 @@
 // which is `go test -tags integration ./tests/...` with VMFORK_BIN pointing at
 // a built vmfork binary and VMFORK_GUEST at the built guest. A missing
 // prerequisite fails the tests; they never skip because KVM is absent.
+//
+// # Parallel
+//
+// Most tests run one at a time. The heaviest self-contained ones (the Debian
+// guest's identity and conformance suites, the crash matrices, the libvirt
+// network and concurrency tests) call t.Parallel(): go test runs them after
+// the others, two at a time (make integration passes -parallel 2). A guest
+// under TCG keeps one core busy, so two at once use a 2-core host without
+// slowing each other much, and the suite takes minutes less. Such a test owns
+// everything it uses (its env's state and mem dirs, its domain prefix, its
+// network namespace) and never calls t.Setenv or changes host-wide settings.
 package tests

@@ -27,6 +27,7 @@ import (
 // each child's new keys; and that each step names the mechanism the
 // variant calls for.
 func TestIdentityDebian(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	d := debianGuest(t)
 	if len(d.Variants) != 4 {
 		t.Fatalf("got variants %v, want ifupdown/networkd × dbus/nodbus", d.variantNames())

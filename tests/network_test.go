@@ -250,6 +250,7 @@ func TestNetworkNone(t *testing.T) {
 // stock Debian guest (ifupdown and dhclient): the children must drop the
 // lease and address they inherit and each get one of their own.
 func TestNetworkBridgeChildrenDebian(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	b := newBridgeNet(t)
 	e := newDebianEnv(t)
 	b.inNamespace(t, e.env)
@@ -468,6 +469,7 @@ func (n *libvirtNet) leasesOf(t *testing.T, mac string) []string {
 // the same network, each under its own MAC with one lease of its own from
 // the network's dnsmasq (none the parent's), and each reaches the parent.
 func TestNetworkLibvirtChildren(t *testing.T) {
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, kind := range []string{"network", "bridge"} {
 		t.Run(kind, func(t *testing.T) {
 			n := newLibvirtNet(t)
