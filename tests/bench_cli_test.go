@@ -4,6 +4,7 @@ package tests
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,4 +172,129 @@ func qemuMentioning(s string) []int {
 		}
 	}
 	return pids
+}
+
+// TestBenchStallSmoke runs `vmfork bench stall` small, with its libvirt
+// comparator: a source with a port forward to an echo service, a client
+// exchanging bytes with it through two rounds of a quiet window, the floor
+// and a fork, then two virsh save + restore of a libvirt domain of the same
+// guest. The gaps the client saw must cover each pause (a guest that does
+// not run cannot echo), and the run must leave no directory, QEMU or
+// domain behind.
+func TestBenchStallSmoke(t *testing.T) {
+	e := newEnv(t)
+	b := newBenchBases(t)
+	// libvirt's QEMU user must reach the domain's files: a base it can
+	// traverse, not t.TempDir's 0700 parents.
+	tmp, err := os.MkdirTemp("/var/tmp", "vmfork-benchtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.tmp = tmp
+	cmd := b.command(t, "bench", "stall", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
+		"--guest-use", "40M", "--rounds", "2", "--tail", "300ms", "--settle", "200ms", "--json")
+	out, err := cmd.Output()
+	prefix := ""
+	if cmd.Process != nil {
+		prefix = "vmfork-bench-" + strconv.Itoa(cmd.Process.Pid) + "-"
+		// Only if the run died before its own cleanup: its domain goes too.
+		t.Cleanup(func() {
+			for _, d := range domains(t, prefix) {
+				virsh(t, "destroy", d)
+			}
+		})
+	}
+	if err != nil {
+		var stderr []byte
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("vmfork bench stall: %v\n%s\nstderr:\n%s", err, out, stderr)
+	}
+	type gaps struct {
+		Replies  int     `json:"replies"`
+		MaxGapMS float64 `json:"max_gap_ms"`
+		P99GapMS float64 `json:"p99_gap_ms"`
+	}
+	var res struct {
+		IntervalMS float64 `json:"interval_ms"`
+		Sizes      []struct {
+			GuestUseMiB int `json:"guest_use_mib"`
+			Rounds      []struct {
+				Quiet             gaps    `json:"quiet"`
+				Floor             gaps    `json:"floor"`
+				FloorPauseMS      float64 `json:"floor_pause_ms"`
+				Fork              gaps    `json:"fork"`
+				ForkAcrossPauseMS float64 `json:"fork_gap_across_pause_ms"`
+				ForkPauseMS       float64 `json:"fork_pause_ms"`
+				RAMMode           string  `json:"ram_mode"`
+				CloneMS           float64 `json:"whole_clone_ms"`
+				ChildReadyMS      float64 `json:"child_ready_ms"`
+			} `json:"rounds"`
+			ForkMaxGapMS  float64 `json:"fork_max_gap_ms"`
+			FloorMaxGapMS float64 `json:"floor_max_gap_ms"`
+			CloneMS       float64 `json:"vmfork_whole_clone_ms"`
+			SaveRestoreMS float64 `json:"libvirt_save_restore_ms"`
+			Libvirt       []struct {
+				ReadyMS float64 `json:"ready_ms"`
+			} `json:"libvirt_samples"`
+			Ratios []struct {
+				Name  string  `json:"name"`
+				Value float64 `json:"value"`
+				Met   *bool   `json:"met"`
+			} `json:"ratios"`
+		} `json:"sizes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Sizes) != 1 {
+		t.Fatalf("bench stall --json: %v\n%s", err, out)
+	}
+	sz := res.Sizes[0]
+	if sz.GuestUseMiB != 40 || len(sz.Rounds) != 2 {
+		t.Fatalf("guest use %d MiB, %d rounds; want 40 and 2\n%s", sz.GuestUseMiB, len(sz.Rounds), out)
+	}
+	for i, r := range sz.Rounds {
+		// About 500 replies a second at 2 ms; a loaded host answers fewer.
+		if r.Quiet.Replies < 20 || r.Floor.Replies < 5 || r.Fork.Replies < 5 {
+			t.Errorf("round %d: replies quiet %d, floor %d, fork %d; want the client answered throughout", i+1, r.Quiet.Replies, r.Floor.Replies, r.Fork.Replies)
+		}
+		if r.FloorPauseMS <= 0 || r.Floor.MaxGapMS < r.FloorPauseMS/2 {
+			t.Errorf("round %d: floor paused %.1f ms, client's longest gap %.1f ms; want a gap covering the pause", i+1, r.FloorPauseMS, r.Floor.MaxGapMS)
+		}
+		if r.ForkPauseMS <= 0 || r.ForkAcrossPauseMS < r.ForkPauseMS/2 || r.Fork.MaxGapMS < r.ForkAcrossPauseMS {
+			t.Errorf("round %d: fork paused %.1f ms, gap across it %.1f ms, longest %.1f ms; want gaps covering the pause",
+				i+1, r.ForkPauseMS, r.ForkAcrossPauseMS, r.Fork.MaxGapMS)
+		}
+		if r.Quiet.MaxGapMS < res.IntervalMS || r.Quiet.P99GapMS > r.Quiet.MaxGapMS {
+			t.Errorf("round %d: quiet window %+v, want gaps of at least the %.0f ms interval", i+1, r.Quiet, res.IntervalMS)
+		}
+		if r.RAMMode == "" || r.ChildReadyMS <= 0 || r.CloneMS < r.ChildReadyMS {
+			t.Errorf("round %d: RAM mode %q, child ready %.0f ms, whole clone %.0f ms; want the clone to include the child's ready",
+				i+1, r.RAMMode, r.ChildReadyMS, r.CloneMS)
+		}
+	}
+	if len(sz.Libvirt) != 2 || sz.SaveRestoreMS <= 0 || sz.CloneMS <= 0 {
+		t.Errorf("%d libvirt samples, save + restore %.0f ms, vmfork clone %.0f ms; want 2 and both measured", len(sz.Libvirt), sz.SaveRestoreMS, sz.CloneMS)
+	}
+	targets := 0
+	for _, r := range sz.Ratios {
+		if r.Met != nil {
+			targets++
+			if r.Value <= 0 {
+				t.Errorf("target %q has value %v", r.Name, r.Value)
+			}
+		}
+	}
+	if targets != 2 {
+		t.Errorf("%d targets in %+v, want the stall and the whole clone", targets, sz.Ratios)
+	}
+	waitGoneDirs(t, b)
+	if prefix != "" {
+		if left := domains(t, prefix); len(left) > 0 {
+			t.Errorf("bench left libvirt domains %v", left)
+		}
+	}
 }

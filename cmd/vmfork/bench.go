@@ -26,7 +26,7 @@ func init() { extraCommands = append(extraCommands, benchCommand) }
 
 var benchCommand = &cli.Command{
 	Name:  "bench",
-	Usage: "measure vmfork against its peers on this host: peers, burst, scale",
+	Usage: "measure vmfork against its peers on this host: peers, burst, scale, stall",
 	Description: `Boots the project's test guest (make guest) and measures, in one run on this
 host, what vmfork costs next to what you would do without it. Every figure comes
 with its reference from the same run; compare ratios, not absolutes.
@@ -37,6 +37,8 @@ with its reference from the same run; compare ratios, not absolutes.
                           create --paused; time to running and ready, memory
    vmfork bench burst     N children from one source in one fork call
    vmfork bench scale     pause and child time as guest RAM and children grow
+   vmfork bench stall     the stall a client of the source sees during a fork,
+                          and the whole clone against virsh save + restore
 
 Each prints a table on stdout (one JSON document with --json), writes an SVG
 plot with --plot FILE and shows progress on stderr. The run uses its own
@@ -45,7 +47,7 @@ it ends, also on failure or Ctrl-C. It needs root (QEMU, libvirt) and, for the
 libvirt comparator, a running libvirtd (scripts/libvirtd.sh starts one).
 Full-size runs take many minutes and load every core: on a shared host, try
 small sizes first (--memory 256M --rounds 1, --count 5).`,
-	Subcommands: []*cli.Command{benchPeersCommand, benchBurstCommand, benchScaleCommand},
+	Subcommands: []*cli.Command{benchPeersCommand, benchBurstCommand, benchScaleCommand, benchStallCommand},
 }
 
 // Flags every bench subcommand has.
