@@ -136,6 +136,17 @@ func (e *Env) createDomain(ctx context.Context, memMiB int, machineType string) 
 	if err := overlay.Create(ctx, base, cfg.Disk); err != nil {
 		return nil, 0, err
 	}
+	// vmfork runs under umask 077 (cmd/vmfork/main.go), but libvirt checks
+	// that its QEMU user can reach the domain's files before it chowns them.
+	for _, p := range []string{dir, cfg.Kernel, cfg.Initrd, base, cfg.Disk} {
+		mode := os.FileMode(0o644)
+		if p == dir {
+			mode = 0o755
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			return nil, 0, err
+		}
+	}
 	xmlPath := filepath.Join(dir, "domain.xml")
 	var b bytes.Buffer
 	if err := domainXML.Execute(&b, cfg); err != nil {
