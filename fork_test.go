@@ -16,13 +16,14 @@ import (
 // fakeDriver is a Driver and Forker that runs nothing. It records calls and
 // fails where told to.
 type fakeDriver struct {
-	mu         sync.Mutex
-	running    map[string]bool
-	paused     map[string]bool
-	freezeErr  error
-	startFail  map[string]bool // StartChild fails for these children
-	resumed    []string
-	freezeSeen int
+	mu            sync.Mutex
+	running       map[string]bool
+	paused        map[string]bool
+	freezeErr     error
+	startFail     map[string]bool // StartChild fails for these children
+	resumed       []string
+	stoppedPaused []string // machines stopped while paused
+	freezeSeen    int
 }
 
 func newFakeDriver() *fakeDriver {
@@ -42,7 +43,11 @@ func (d *fakeDriver) Start(ctx context.Context, m *Machine) error {
 func (d *fakeDriver) Stop(ctx context.Context, m *Machine, force bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.paused[m.Name] {
+		d.stoppedPaused = append(d.stoppedPaused, m.Name)
+	}
 	delete(d.running, m.Name)
+	delete(d.paused, m.Name) // its QEMU is gone
 	return nil
 }
 
@@ -66,6 +71,9 @@ func (d *fakeDriver) Freeze(ctx context.Context, src *Machine, t *Template) (Fre
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.freezeSeen++
+	if FreezeLeavesPaused(ctx) {
+		d.paused[src.Name] = true // until Resume, as QEMU's would be
+	}
 	if d.freezeErr != nil {
 		if errors.Is(d.freezeErr, ErrStillPaused) {
 			d.paused[src.Name] = true

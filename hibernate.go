@@ -46,6 +46,19 @@ import (
 // short is put back to hibernated: the RAM file on disk is removed only
 // once the resumed machine runs.
 
+// leavePausedKey marks a freeze's context: the source stays paused after it.
+type leavePausedKey struct{}
+
+// FreezeLeavesPaused reports whether a Forker's Freeze called with ctx must
+// leave the source paused once the template is whole, instead of resuming
+// it (sharedmem.Recipe.LeavePaused). Hibernate asks for it: the machine's
+// QEMU ends next, and a guest that ran on after the instant could show
+// clients work (a reply, a TCP ack) that the resumed machine never did.
+func FreezeLeavesPaused(ctx context.Context) bool {
+	v, _ := ctx.Value(leavePausedKey{}).(bool)
+	return v
+}
+
 // fileHibernatedRAM is the RAM file of a hibernated machine's template, in
 // the template's directory under the state dir.
 const fileHibernatedRAM = "ram.hibernated"
@@ -146,8 +159,12 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 		return nil, fmt.Errorf("hibernate %q: %w", name, err)
 	}
 	// Until the commit every failure leaves m running, and its template
-	// goes as an unused one.
+	// goes as an unused one. The freeze leaves m paused: resumed here (a
+	// no-op on a machine that runs).
 	runsOn := func(err error) (*HibernateResult, error) {
+		if rerr := forker.Resume(context.WithoutCancel(ctx), m); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("resume: %v: %w", rerr, ErrStillPaused))
+		}
 		m.State, m.Hibernated = StateRunning, ""
 		if serr := mg.Store.SaveMachine(m); serr != nil {
 			err = errors.Join(err, serr)
@@ -161,14 +178,14 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 	if err := mg.checkHibernateSpace(m); err != nil {
 		return runsOn(err)
 	}
-	if err := mg.freezeRunning(ctx, forker, m, t); err != nil {
+	if err := mg.freezeRunning(context.WithValue(ctx, leavePausedKey{}, true), forker, m, t); err != nil {
 		return runsOn(err)
 	}
 	Fault(FaultHibernateFrozen, m.PID)
 	// The commit, as soon as the template holds the whole instant (its RAM
-	// still in the mem dir): the guest runs on from the freeze's cont until
-	// its QEMU is killed, and what it does meanwhile is dropped, so that
-	// time is kept short. The RAM goes to disk after the kill.
+	// still in the mem dir). The guest stays paused from the freeze until
+	// its QEMU is killed, so nothing it could do after the instant is lost.
+	// The RAM goes to disk after the kill.
 	m.State = StateHibernated
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return runsOn(err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,6 +52,10 @@ func TestHibernateForkResumeRm(t *testing.T) {
 	m, err := mg.Get(t.Context(), "web")
 	if err != nil || m.State != StateHibernated || m.PID != 0 || d.running["web"] {
 		t.Fatalf("after hibernate: %+v (%v), running %v; want hibernated, no process", m, err, d.running["web"])
+	}
+	// Frozen and ended without running on in between.
+	if !slices.Contains(d.stoppedPaused, "web") || slices.Contains(d.resumed, "web") {
+		t.Errorf("hibernate resumed web after the freeze (stopped while paused: %v, resumed %v); want it ended paused", d.stoppedPaused, d.resumed)
 	}
 	tpl, err := mg.Store.LoadTemplate(res.Template)
 	if err != nil {

@@ -82,6 +82,8 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		RAM:      ram,
 		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
 		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
+		// The Manager refuses hibernate on libvirt today; honoured anyway.
+		LeavePaused: vmfork.FreezeLeavesPaused(ctx),
 	}
 	if prep.diskTarget != "" {
 		recipe.SwitchDisk = func(ctx context.Context, w *sharedmem.PauseWindow) error {

@@ -90,9 +90,10 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		SaveDeviceState: func(ctx context.Context) error {
 			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log))
 		},
-		QMP:    mon,
-		RAM:    ram,
-		Paused: func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
+		QMP:         mon,
+		RAM:         ram,
+		Paused:      func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
+		LeavePaused: vmfork.FreezeLeavesPaused(ctx),
 	}
 	if src.Spec.Disk != "" {
 		recipe.SwitchDisk = func(ctx context.Context, w *sharedmem.PauseWindow) error {

@@ -29,6 +29,11 @@ type Recipe struct {
 	// Paused, when set, runs once the device state is saved (a crash test's
 	// fault point).
 	Paused func()
+	// LeavePaused leaves the source paused once the template is whole, for
+	// a caller that ends the source next (hibernate): nothing the guest did
+	// after the instant could then be seen and lost. That caller resumes
+	// the source on any later failure.
+	LeavePaused bool
 }
 
 // Frozen is what a Recipe cost the source.
@@ -88,6 +93,10 @@ func (r Recipe) Run(ctx context.Context) (fr Frozen, err error) {
 	mark("ram_ms")
 	if err := Inject(InjectAfterRAM); err != nil {
 		return fr, err
+	}
+	if r.LeavePaused {
+		fr.Pause = w.Leave()
+		return fr, nil
 	}
 	if fr.Pause, err = w.Resume(ctx); err != nil {
 		return fr, err

@@ -87,6 +87,30 @@ func TestRecipeRollsBack(t *testing.T) {
 	})
 }
 
+// TestRecipeLeavePaused: a freeze for a hibernate keeps the source paused
+// once the template is whole; a failure before that still resumes it.
+func TestRecipeLeavePaused(t *testing.T) {
+	t.Setenv(InjectEnv, "")
+	for _, fail := range []bool{false, true} {
+		r := &recorder{}
+		plan, err := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: filepath.Join(t.TempDir(), "t.ram")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dev error
+		if fail {
+			dev = errors.New("boom")
+		}
+		fr, err := Recipe{Source: r.source(), SaveDeviceState: func(context.Context) error { return dev }, RAM: plan, LeavePaused: true}.Run(t.Context())
+		switch {
+		case !fail && (err != nil || fr.Pause <= 0 || !slices.Equal(r.log, []string{"pause"})):
+			t.Errorf("LeavePaused: %+v, %v, steps %v; want the source left paused after a measured pause", fr, err, r.log)
+		case fail && (err == nil || !slices.Equal(r.log, []string{"pause", "resume"})):
+			t.Errorf("LeavePaused, failed save: %v, steps %v; want the source resumed", err, r.log)
+		}
+	}
+}
+
 // statusMonitor answers query-status with finish-migrate n times, then
 // postmigrate, as QEMU does right after a save completed.
 type statusMonitor struct {

@@ -64,6 +64,14 @@ func (w *PauseWindow) Resume(ctx context.Context) (time.Duration, error) {
 	return time.Since(w.start), nil
 }
 
+// Leave closes the window with the source still paused, for a freeze whose
+// caller ends the source next (hibernate), and returns how long it has been
+// paused. The caller owns resuming it on any later failure.
+func (w *PauseWindow) Leave() time.Duration {
+	w.undo = nil
+	return time.Since(w.start)
+}
+
 // Rollback, deferred with the freeze's named error, runs the undo steps in reverse when *errp is
 // set and the window is still open, and adds their failures to *errp. It runs under a ctx of its
 // own, bounded by RollbackTimeout, so a Ctrl-C still resumes the source.
