@@ -178,6 +178,9 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		if err != nil {
 			p.kill()
 			m.PID = 0
+			if start != "" { // mapTemplate removes it once reached
+				os.Remove(start)
+			}
 		}
 	}()
 	mon, err := dialQMP(ctx, m.Paths.QMP, p, m.Paths.Log, d.log.WithField("machine", m.Name))
