@@ -103,26 +103,40 @@ func (mg *Manager) List(ctx context.Context) ([]*Machine, error) {
 		return nil, err
 	}
 	for _, m := range ms {
-		mg.refresh(ctx, m)
+		// A listing whose states are only what the records last said
+		// would look right and be wrong: a driver that cannot tell (a
+		// libvirtd that stopped answering) fails it, naming the call.
+		if err := mg.refreshState(ctx, m); err != nil {
+			return nil, fmt.Errorf("machine %q: state: %w", m.Name, err)
+		}
 	}
 	return ms, nil
 }
 
 // refresh replaces m.State with what the driver sees, for machines of this
 // manager's driver. A machine whose QEMU exited on its own shows as stopped.
+// When the driver cannot tell, m keeps its recorded state: the command
+// then meets the driver's error itself, in its own words.
 func (mg *Manager) refresh(ctx context.Context, m *Machine) {
+	if err := mg.refreshState(ctx, m); err != nil {
+		mg.Log.WithField("machine", m.Name).WithError(err).Debug("state unknown")
+	}
+}
+
+// refreshState is refresh that returns the driver's error instead.
+func (mg *Manager) refreshState(ctx context.Context, m *Machine) error {
 	if m.Driver != mg.Driver.Name() || m.State == StateCreating || m.State == StateHibernated {
-		return // a hibernated machine has no process to ask about
+		return nil // a hibernated machine has no process to ask about
 	}
 	st, err := mg.Driver.Status(ctx, m)
 	if err != nil {
-		mg.Log.WithField("machine", m.Name).WithError(err).Debug("status unknown")
-		return
+		return err
 	}
 	m.State = st
 	if st == StateStopped {
 		m.PID = 0
 	}
+	return nil
 }
 
 // running loads machine name and checks that it runs.

@@ -304,6 +304,12 @@ func TestLibvirtHungCalls(t *testing.T) {
 		t.Errorf("error is %d lines, want one: %q", n+1, r.stderr)
 	}
 
+	// ls against a daemon that stops answering after the connect fails
+	// naming the call, rather than showing states it could not check.
+	p3 := startLibvirtProxy(t)
+	p3.freezeAt.Store(procDomainLookupByName)
+	hangCheck(t, d, p3.uri(), []string{"virDomainLookupByName", "did not answer", src}, "ls")
+
 	// The daemon hangs at the fork's resume: libvirt has paused the source.
 	p2 := startLibvirtProxy(t)
 	p2.freezeAt.Store(procDomainResume)
