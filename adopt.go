@@ -5,30 +5,6 @@ import (
 	"fmt"
 )
 
-// Adopter is the optional driver capability to take charge of a machine that
-// vmfork did not make (an existing libvirt domain), so that it can be forked,
-// and to let it go again.
-//
-// An adopted machine stays its owner's. vmfork forks it like one of its own,
-// but never writes or removes its files, never stops it unless told to
-// (vmfork stop), and vmfork rm only forgets it. Its first fork with a disk
-// freezes the machine's own image in place for the children and moves the
-// machine onto a new overlay in its directory in the state dir: from then on
-// it depends on that file, and vmfork cannot forget it until its owner has
-// merged the overlay back (Disown says how).
-type Adopter interface {
-	// Adopt inspects the running machine called name and returns a record
-	// for it with Adopted set, or an error naming what makes it unforkable.
-	// paths are the files the store gives it. It changes nothing.
-	Adopt(ctx context.Context, name string, paths Paths) (*Machine, error)
-
-	// Disown returns nil when adopted machine m no longer uses any file in
-	// the state dir (or is gone), so that vmfork can forget it and remove
-	// its files; else an error naming the file that is still used and how
-	// to stop using it. It changes nothing.
-	Disown(ctx context.Context, m *Machine) error
-}
-
 // adopt records a machine the driver found but vmfork did not make.
 func (mg *Manager) adopt(ctx context.Context, a Adopter, name string) (*Machine, error) {
 	m, err := a.Adopt(ctx, name, mg.Store.MachinePaths(name))

@@ -16,16 +16,6 @@ import (
 // before anything is started, so that a template copied from another host
 // (import.go) or left behind by an upgrade is refused naming the field.
 
-// HostChecker is the optional driver capability to say, without starting
-// anything, what manifest a child of t would have on this host.
-type HostChecker interface {
-	// HostManifest returns the manifest of a child of t started here now:
-	// this host's QEMU version, and t's machine type, CPU model and device
-	// list as this host's QEMU and this driver would give them. A machine
-	// type or CPU model this QEMU lacks comes back empty.
-	HostManifest(ctx context.Context, t *Template) (Manifest, error)
-}
-
 // HostFacts are what an exported template records of the host it was made
 // on, beyond the manifest: with the host's own CPU model ("-cpu host") the
 // guest sees the host's CPU flags, and a host without one of them cannot

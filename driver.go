@@ -7,8 +7,10 @@ import (
 )
 
 // Driver runs machines on one kind of host. Keep it small: optional
-// capabilities live in their own interfaces (Forker), found by type
-// assertion.
+// capabilities live in their own interfaces below (Forker, Pooler, ...),
+// found by type assertion; a missing one makes the Manager return an error
+// wrapping ErrUnsupported that names the driver. Every method says whether
+// it is idempotent and what it leaves on error.
 type Driver interface {
 	// Name is the driver's name in records and messages, e.g. "qemu".
 	Name() string
@@ -29,4 +31,110 @@ type Driver interface {
 
 	// Agent connects to m's guest agent. The caller closes it.
 	Agent(ctx context.Context, m *Machine) (*qmp.Agent, error)
+}
+
+// The optional capabilities. A driver asserts each one it offers
+// (var _ vmfork.Forker = (*Driver)(nil)).
+
+// Forker is the optional driver capability to fork machines.
+type Forker interface {
+	// Freeze takes a fork point of running machine src into template t:
+	// pause, switch src's disk to a new overlay on t.Paths.Disk (the old top
+	// moves there), save device state to t.Paths.DevState, freeze RAM into
+	// t.Paths.RAM, resume. It fills t.Manifest. Not idempotent: t MUST be a
+	// fresh template. On error src MUST run again, unless the error wraps
+	// ErrStillPaused (the journal's repair then resumes it through Resume),
+	// and t.Paths.RAM MUST NOT exist; the caller removes t's other files.
+	// src's record is saved by the caller also on error: once the disk
+	// switch is done src runs on its new overlay whatever failed after.
+	Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error)
+
+	// StartChild starts child from template t (device state and RAM) and
+	// returns once it runs, its NIC link down. Not idempotent. On error no
+	// process of child MUST be left.
+	StartChild(ctx context.Context, child *Machine, t *Template) error
+
+	// Resume resumes m if it is paused; used to repair a source left paused
+	// by an interrupted fork. Idempotent: a running or stopped m MUST get
+	// nil and be left as it is.
+	Resume(ctx context.Context, m *Machine) error
+}
+
+// Pooler is the optional driver capability behind warm pools: StartChild
+// split in two, Prestart ahead of any fork and Complete in it.
+type Pooler interface {
+	// Prestart starts m's process from template t up to where it waits
+	// for the device state. Not idempotent. On error no process of m MUST
+	// be left, and m.PID is 0.
+	Prestart(ctx context.Context, m *Machine, t *Template) error
+	// Complete loads t's device state into prestarted m, keeps its NIC
+	// link down and lets it run. Not idempotent: a member is completed
+	// once. On error m's process MUST be killed.
+	Complete(ctx context.Context, m *Machine, t *Template) error
+}
+
+// LinkSetter is the optional driver capability to switch a machine's NIC
+// link, which keeps a fork child off the network until it has its identity.
+// A live fork needs it and is refused before the pause without it.
+type LinkSetter interface {
+	// SetLink sets running m's NIC link up or down. Idempotent. On error
+	// the link is as it was or unknown; the caller counts the child as
+	// failed.
+	SetLink(ctx context.Context, m *Machine, up bool) error
+}
+
+// NetworkChecker is an optional driver capability: it checks that what
+// machine m's NIC is plugged into on the host is there (a bridge, a libvirt
+// network that is active) and that the driver supports it. Fork calls it
+// before the source is paused and Boot before anything starts, so that a
+// missing network fails with nothing changed.
+type NetworkChecker interface {
+	// CheckNetwork changes nothing (so it is idempotent); its error MUST
+	// wrap ErrInvalid.
+	CheckNetwork(ctx context.Context, m *Machine) error
+}
+
+// Adopter is the optional driver capability to fork a machine vmfork did
+// not make (a foreign libvirt domain). An adopted machine stays its owner's.
+// vmfork forks it like one of its own, but never writes or removes its
+// files, never stops it unless told to (vmfork stop), and vmfork rm only
+// forgets it. Its first fork with a disk freezes the machine's own image in
+// place for the children and moves the machine onto a new overlay in its
+// directory in the state dir: from then on it depends on that file, and
+// vmfork cannot forget it until its owner has merged the overlay back
+// (Disown says how).
+type Adopter interface {
+	// Adopt inspects the running machine called name and returns a record
+	// for it with Adopted set, or an error naming what makes it unforkable.
+	// paths are the files the store gives it. It changes nothing.
+	Adopt(ctx context.Context, name string, paths Paths) (*Machine, error)
+
+	// Disown returns nil when adopted machine m no longer uses any file in
+	// the state dir (or is gone), so that vmfork can forget it and remove
+	// its files; else an error naming the file that is still used and how
+	// to stop using it. It changes nothing.
+	Disown(ctx context.Context, m *Machine) error
+}
+
+// HostChecker is the optional driver capability to say, without starting
+// anything, what manifest a child of t would have on this host (compat.go).
+type HostChecker interface {
+	// HostManifest returns the manifest of a child of t started here now:
+	// this host's QEMU version, and t's machine type, CPU model and device
+	// list as this host's QEMU and this driver would give them. A machine
+	// type or CPU model this QEMU lacks comes back empty. It changes
+	// nothing.
+	HostManifest(ctx context.Context, t *Template) (Manifest, error)
+}
+
+// LayerDropper is the optional driver capability to take a layer out of a
+// running machine's disk chain, so that a template no child needs any more
+// can be removed although the source's disk was built on it (gc.go).
+type LayerDropper interface {
+	// DropLayer makes running m stop reading layer: its data, and that of
+	// every layer above it, is copied into m's top image. Idempotent: nil
+	// when layer is not below m's top (any more). The layers themselves
+	// are never written. On error m keeps running on a chain that may still
+	// read layer, so the caller keeps the template.
+	DropLayer(ctx context.Context, m *Machine, layer string) error
 }

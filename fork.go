@@ -15,24 +15,6 @@ import (
 	"github.com/vmfork/vmfork/overlay"
 )
 
-// Forker is the optional driver capability to fork machines.
-type Forker interface {
-	// Freeze takes a fork point of running machine src into template t:
-	// pause, switch src's disk to a new overlay on t.Paths.Disk (the old top
-	// moves there), save device state to t.Paths.DevState, freeze RAM into
-	// t.Paths.RAM, resume. It fills t.Manifest. On error src runs again,
-	// unless the error says it is still paused.
-	Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error)
-
-	// StartChild starts child from template t (device state and RAM) and
-	// returns once it runs. On error no process of child is left.
-	StartChild(ctx context.Context, child *Machine, t *Template) error
-
-	// Resume resumes m if it is paused; used to repair a source left paused
-	// by an interrupted fork. Idempotent.
-	Resume(ctx context.Context, m *Machine) error
-}
-
 // FreezeResult is what a freeze cost the source.
 type FreezeResult struct {
 	Pause          time.Duration

@@ -155,13 +155,6 @@ func (mg *Manager) collectTemplate(ctx context.Context, t *Template, u templateU
 	}
 }
 
-// LayerDropper is the optional driver capability to take a layer out of a
-// running machine's disk chain, so that a template no child needs any more
-// can be removed although the source's disk was built on it.
-type LayerDropper interface {
-	DropLayer(ctx context.Context, m *Machine, layer string) error
-}
-
 // dropLayer takes the frozen disk layer out of every machine's chain that
 // includes it: through the driver for a running machine, with qemu-img for a
 // stopped one. It reports whether no chain needs the layer any more.

@@ -235,9 +235,3 @@ func newUUID() string {
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
-
-// LinkSetter is the optional driver capability to switch a machine's NIC
-// link, which keeps a fork child off the network until it has its identity.
-type LinkSetter interface {
-	SetLink(ctx context.Context, m *Machine, up bool) error
-}

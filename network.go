@@ -1,7 +1,6 @@
 package vmfork
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -117,15 +116,6 @@ func checkBridgeIn(sys string, exists func(string) bool, bridge string) error {
 		return fmt.Errorf("bridge %q: %w", bridge, asInvalid(err))
 	}
 	return nil
-}
-
-// NetworkChecker is an optional driver capability: it checks that what
-// machine m's NIC is plugged into on the host is there (a bridge, a libvirt
-// network that is active) and that the driver supports it. Fork calls it
-// before the source is paused and Boot before anything starts, so that a
-// missing network fails with nothing changed; the error wraps ErrInvalid.
-type NetworkChecker interface {
-	CheckNetwork(ctx context.Context, m *Machine) error
 }
 
 // validateNetwork checks what a spec's network can be checked for without

@@ -34,17 +34,6 @@ import (
 // Only kept templates have pools: a live fork's RAM file does not exist
 // before the source is paused, so nothing can be started ahead for it.
 
-// Pooler is the optional driver capability behind warm pools: StartChild
-// split in two.
-type Pooler interface {
-	// Prestart starts m's process from template t up to where it waits
-	// for the device state. On error no process of m is left.
-	Prestart(ctx context.Context, m *Machine, t *Template) error
-	// Complete loads t's device state into prestarted m, keeps its NIC
-	// link down and lets it run. On error m's process is killed.
-	Complete(ctx context.Context, m *Machine, t *Template) error
-}
-
 // MaxPoolSize bounds a kept template's pool: each member holds tens of MiB.
 const MaxPoolSize = 64
 
