@@ -1,5 +1,5 @@
 // Package bench is vmfork's side-by-side benchmark harness, behind
-// `vmfork bench peers|burst|scale`. It boots the project's test guest and
+// `vmfork bench peers|burst|scale|stall`. It boots the project's test guest and
 // measures vmfork against what a user has without it, on the same host in
 // the same run, so that every figure comes with its reference:
 //
