@@ -14,8 +14,8 @@ import (
 // qemu-ga in the guest looks for; the RAM alias is where libvirt 9.0 puts a
 // pc/q35 guest's RAM file, <memory_backing_dir>/<id>-<name[:20]>/pc.ram.
 const (
-	agentChannel = "org.qemu.guest_agent.0"
-	ramAlias     = "pc.ram"
+	agentChannel = templates.AgentChannel
+	ramAlias     = templates.RAMBlock
 	// tbCacheMiB bounds TCG's translation cache: QEMU 7.2 reserves 1 GiB per
 	// process by default, which a fork child would pay for again.
 	tbCacheMiB = 128

@@ -13,7 +13,7 @@ import (
 // placement are part of the migration stream's section names, so parents and
 // children must agree on them; backends (sockets, files, ports) may differ.
 const (
-	ramID      = "pc.ram"
+	ramID      = templates.RAMBlock
 	nicRootID  = "rp1" // the NIC sits on a root port so it can be hot-swapped
 	spareRoot  = "rp2" // a free hot-plug slot (e.g. for a passthrough device)
 	diskNodeID = "fmt0"
@@ -21,7 +21,7 @@ const (
 	netdevID   = "net0"
 	qgaID      = "qga0"
 	serialID   = "serial0"
-	agentPort  = "org.qemu.guest_agent.0"
+	agentPort  = templates.AgentChannel
 )
 
 // Accelerators.

@@ -1,0 +1,16 @@
+package templates
+
+// The guest-visible layout both drivers must render the same way: QEMU's
+// migration stream names RAM blocks and devices, and the guest's own
+// software looks for the agent's port by name, so a machine started by one
+// driver and its child started by the other (a template exported from a
+// libvirt host and forked by the embedded driver) only fit when these agree.
+const (
+	// RAMBlock is the id of the guest's main RAM block (QEMU's
+	// memory-backend id for pc/q35; libvirt 9.0 also names the RAM file
+	// after it: <memory_backing_dir>/<id>-<name[:20]>/pc.ram).
+	RAMBlock = "pc.ram"
+	// AgentChannel is the virtio-serial port name qemu-ga in the guest
+	// opens.
+	AgentChannel = "org.qemu.guest_agent.0"
+)
