@@ -516,7 +516,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 	case childFromPool:
 		// The member's overlay, process, ports and vmgenid become the
 		// child's; only the device state remains to load.
-		if err := mg.adoptMember(c, member); err != nil {
+		if err := mg.claimMember(c, member); err != nil {
 			return childOutcome{err: err}
 		}
 		Fault(FaultPoolTaken, c.PID)

@@ -165,7 +165,7 @@ func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Templa
 		return err
 	}
 	// The member's NIC is configured with a MAC of its own, which becomes
-	// its child's (adoptMember): the guest wakes with the template's MAC,
+	// its child's (claimMember): the guest wakes with the template's MAC,
 	// but after a reset it takes the configured one, and that must not be
 	// the template's or a sibling's.
 	m.GuestMAC = customize.ChildMAC([]byte(m.VMGenID), 1, mg.inheritedMACs(m, t)...)
@@ -231,10 +231,12 @@ func (mg *Manager) takePool(ctx context.Context, t *Template, n int) []*Machine 
 	return got
 }
 
-// adoptMember makes child c the owner of pool member m: c takes m's process,
-// files, ports, vmgenid and MAC. c's record is saved before m's is removed, so a
-// crash in between leaves the process to the journal's repair of c.
-func (mg *Manager) adoptMember(c, m *Machine) error {
+// claimMember makes child c the owner of pool member m ("claim", not
+// "adopt": adopting is taking on a foreign libvirt domain, adopt.go): c
+// takes m's process, files, ports, vmgenid and MAC. c's record is saved
+// before m's is removed, so a crash in between leaves the process to the
+// journal's repair of c.
+func (mg *Manager) claimMember(c, m *Machine) error {
 	c.PID, c.VMGenID, c.Paths, c.Spec.Ports = m.PID, m.VMGenID, m.Paths, m.Spec.Ports
 	if m.GuestMAC != "" {
 		// The MAC the member's NIC is configured with (startPoolMember).
@@ -283,7 +285,7 @@ func (mg *Manager) sweepPool(id string) {
 			continue
 		}
 		// A child's record is made before the member's is removed
-		// (adoptMember): no record either way means no one owns it.
+		// (claimMember): no record either way means no one owns it.
 		if qemuNaming(filepath.Join(d, fileQMP)) != nil {
 			continue // a process still runs there; never pull files from under it
 		}
