@@ -2,6 +2,7 @@ package vmfork
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -266,4 +267,37 @@ func (mg *Manager) Remove(ctx context.Context, name string, force bool) error {
 	mg.Log.WithField("machine", name).Info("removed")
 	mg.collectTemplates(ctx)
 	return nil
+}
+
+// RemoveEnded removes fork child name, whose QEMU ended outside vmfork (a
+// libvirt domain destroyed with virsh: the release hook asks for it), and its
+// template with its last child. It acts only on a record of this driver
+// that still says running or paused, read under the machine's lock, and only
+// when the driver says it is stopped: a stop or removal through vmfork holds
+// that lock while it ends the machine and records the outcome, so
+// RemoveEnded then finds it stopped or gone and leaves it; a machine started
+// again in the meantime runs on.
+func (mg *Manager) RemoveEnded(ctx context.Context, name string) error {
+	unlock, err := mg.Store.Lock(ctx, name)
+	if err != nil {
+		return fmt.Errorf("reap: %w", err)
+	}
+	m, err := mg.Store.LoadMachine(name)
+	unlock()
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reap: %w", err)
+	}
+	if m.Driver != mg.Driver.Name() || m.Template == "" || (m.State != StateRunning && m.State != StatePaused) {
+		return nil
+	}
+	if st, err := mg.Driver.Status(ctx, m); err != nil || st != StateStopped {
+		if err != nil {
+			return fmt.Errorf("reap %q: %w", name, err)
+		}
+		return nil // a new QEMU of this machine runs
+	}
+	return mg.Remove(ctx, name, true)
 }

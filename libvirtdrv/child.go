@@ -271,18 +271,15 @@ func logTail(path string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// reapWait bounds how long Reap waits for libvirt to forget a domain.
+// reapWait bounds how long WaitDomainGone waits for libvirt to forget a domain.
 const reapWait = 2 * time.Minute
 
-// Reap removes fork child name from vmfork's store once libvirt has forgotten
-// its domain uuid: the release hook asks for it (through `vmfork libvirt
-// reap`, started detached, because the hook itself must not call libvirt),
-// so a child destroyed with `virsh destroy` leaves nothing behind, and its
-// template goes with its last child. It acts only on a record that still
-// says running or paused, read under the machine's lock: a stop or removal
-// through vmfork holds that lock while it destroys the domain and records
-// the outcome, so Reap then finds the machine stopped or gone and leaves it.
-func (d *Driver) Reap(ctx context.Context, mg *vmfork.Manager, name, uuid string) error {
+// WaitDomainGone returns once libvirt has forgotten domain uuid (fork child
+// name), or an error after reapWait. The release hook cannot call libvirt
+// itself, so `vmfork libvirt reap`, started detached, waits here before
+// Manager.RemoveEnded removes the child from the store: a child destroyed
+// with `virsh destroy` then leaves nothing behind.
+func (d *Driver) WaitDomainGone(ctx context.Context, name, uuid string) error {
 	ctx, cancel := context.WithTimeout(ctx, reapWait)
 	defer cancel()
 	t := time.NewTicker(100 * time.Millisecond)
@@ -290,7 +287,7 @@ func (d *Driver) Reap(ctx context.Context, mg *vmfork.Manager, name, uuid string
 	for {
 		dom, err := d.conn.LookupDomainByUUIDString(uuid)
 		if errors.Is(err, libvirt.ERR_NO_DOMAIN) {
-			break
+			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("reap %q: %w", name, wrap(err))
@@ -302,23 +299,4 @@ func (d *Driver) Reap(ctx context.Context, mg *vmfork.Manager, name, uuid string
 		case <-t.C:
 		}
 	}
-	unlock, err := mg.Store.Lock(ctx, name)
-	if err != nil {
-		return fmt.Errorf("reap: %w", err)
-	}
-	m, err := mg.Store.LoadMachine(name)
-	unlock()
-	if errors.Is(err, vmfork.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reap: %w", err)
-	}
-	if m.Driver != Name || m.Template == "" || (m.State != vmfork.StateRunning && m.State != vmfork.StatePaused) {
-		return nil
-	}
-	if st, err := d.Status(ctx, m); err != nil || st != vmfork.StateStopped {
-		return err // a new domain of this machine runs
-	}
-	return mg.Remove(ctx, name, true)
 }

@@ -211,9 +211,9 @@ func startReaper(r libvirtdrv.ReapRequest) error {
 	return cmd.Process.Release()
 }
 
-// reaper is the libvirt driver's removal of a child libvirt has forgotten.
+// reaper is the libvirt driver's wait for libvirt to forget a child's domain.
 type reaper interface {
-	Reap(ctx context.Context, mg *vmfork.Manager, name, uuid string) error
+	WaitDomainGone(ctx context.Context, name, uuid string) error
 }
 
 var libvirtReapCommand = &cli.Command{
@@ -236,6 +236,10 @@ var libvirtReapCommand = &cli.Command{
 		if !ok {
 			return fmt.Errorf("libvirt reap: driver %q: %w", mg.Driver.Name(), vmfork.ErrUnsupported)
 		}
-		return r.Reap(ctx, mg, cliCtx.Args().First(), cliCtx.String("uuid"))
+		name := cliCtx.Args().First()
+		if err := r.WaitDomainGone(ctx, name, cliCtx.String("uuid")); err != nil {
+			return err
+		}
+		return mg.RemoveEnded(ctx, name)
 	},
 }
