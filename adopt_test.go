@@ -181,7 +181,7 @@ func TestCollectTemplatesLeavesAForeignDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	tpl.Paths.Disk, tpl.ForeignDisk, tpl.HasMemory = filepath.Join(user, "base.qcow2"), true, true
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
 		t.Fatal(err)
 	}
 	mg.collectTemplates(t.Context())

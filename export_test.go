@@ -45,7 +45,7 @@ func keptFake(t *testing.T, mg *Manager) *Template {
 	tpl.Name, tpl.Driver, tpl.HasMemory = "golden", mg.Driver.Name(), true
 	tpl.Spec = Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}
 	tpl.Manifest = Manifest{QEMUVersion: "7.2.0", MemoryMiB: 256, CPUs: 1, Devices: []string{"-kernel " + kernel, "-device virtio-rng-pci"}}
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
 		t.Fatal(err)
 	}
 	return tpl

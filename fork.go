@@ -247,7 +247,7 @@ func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, e
 		return nil, err
 	}
 	if f.children, err = mg.reserve(src, tpl, names); err == nil {
-		err = mg.Store.SaveTemplate(tpl)
+		err = mg.Store.WriteTemplate(tpl)
 	}
 	if err != nil {
 		mg.release(f.children)
@@ -387,7 +387,7 @@ func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machin
 // frozen records template tpl, the fork point just taken of src, and
 // tells the trace: every freeze (fork, keep, hibernate) ends here.
 func (mg *Manager) frozen(ctx context.Context, src *Machine, tpl *Template, fr FreezeResult) error {
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
 		return err
 	}
 	traceOf(ctx).sourceFrozen(FrozenInfo{

@@ -38,7 +38,7 @@ func TestCollectTemplatesFreesMemoryUnderALaterTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tpl := range []*Template{older, newer} {
-		if err := mg.Store.SaveTemplate(tpl); err != nil {
+		if err := mg.Store.WriteTemplate(tpl); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -243,7 +243,7 @@ func (mg *Manager) prepareHibernation(m *Machine) (*Template, func(), error) {
 	}
 	m.Hibernated = t.ID // protects t from collectTemplates (gc.go)
 	if err = mg.Store.SaveMachine(m); err == nil {
-		err = mg.Store.SaveTemplate(t)
+		err = mg.Store.WriteTemplate(t)
 	}
 	if err != nil {
 		m.Hibernated = ""
@@ -280,7 +280,7 @@ func (mg *Manager) endHibernated(ctx context.Context, m *Machine, t *Template) (
 			return stored, fmt.Errorf("write RAM to %s: %w (the machine is hibernated with its RAM still in the mem dir)", img, err)
 		}
 		t.Hibernation = img
-		if err := mg.Store.SaveTemplate(t); err != nil {
+		if err := mg.Store.WriteTemplate(t); err != nil {
 			return stored, err
 		}
 	} else {
@@ -363,7 +363,7 @@ func (mg *Manager) Resume(ctx context.Context, req ResumeRequest) (res *ChildRes
 	if t.Hibernation != "" {
 		os.Remove(t.Hibernation)
 		t.Hibernation = ""
-		if err := mg.Store.SaveTemplate(t); err != nil {
+		if err := mg.Store.WriteTemplate(t); err != nil {
 			mg.Log.WithError(err).Warn("could not record the resumed machine's template")
 		}
 	}
@@ -619,7 +619,7 @@ func (mg *Manager) repairHibernation(ctx context.Context, e journalEntry) (done 
 			// Resumed, and killed before the copy on disk was removed.
 			os.Remove(t.Hibernation)
 			t.Hibernation = ""
-			return true, mg.Store.SaveTemplate(t)
+			return true, mg.Store.WriteTemplate(t)
 		}
 		return true, nil
 	case e.Op == "hibernate" && m.State == StateHibernated:

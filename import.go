@@ -376,7 +376,7 @@ func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template
 	}
 	rewrite("-kernel", t.Spec.Kernel, archKernel)
 	rewrite("-initrd", t.Spec.Initrd, archInitrd)
-	if err := s.SaveTemplate(&rec); err != nil {
+	if err := s.WriteTemplate(&rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil

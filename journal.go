@@ -212,7 +212,7 @@ func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err e
 			// A kept template whose freeze never finished: not kept after
 			// all, and collectTemplates takes it.
 			tpl.Name, tpl.PoolSize = "", 0
-			if err := mg.Store.SaveTemplate(tpl); err != nil {
+			if err := mg.Store.WriteTemplate(tpl); err != nil {
 				errs = append(errs, err)
 			}
 			mg.Log.WithField("template", tpl.ID).Warn("gave up a template an interrupted save left half-made")

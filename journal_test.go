@@ -47,7 +47,7 @@ func TestRecoverKilledFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	tpl.HasMemory = true
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
 		t.Fatal(err)
 	}
 	addMachine(t, mg, "src-1", StateCreating, tpl.ID)  // its identity chain never finished
@@ -91,7 +91,7 @@ func TestRecoverKilledSave(t *testing.T) {
 		t.Fatal(err)
 	}
 	tpl.Name = "golden"
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
 		t.Fatal(err)
 	}
 	abandon(t, mg.Store, journalEntry{Op: "fork", Source: "src", Template: tpl.ID})
@@ -133,7 +133,7 @@ func TestRecoverKilledPoolFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	tpl.Name, tpl.HasMemory, tpl.Driver = "golden", true, "fake"
-	if err := mg.Store.SaveTemplate(tpl); err != nil {
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
 		t.Fatal(err)
 	}
 	var dirs []string

@@ -113,7 +113,7 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	}
 	t = f.tpl
 	t.Name, t.PoolSize = req.Name, req.Pool
-	if err = mg.Store.SaveTemplate(t); err == nil {
+	if err = mg.Store.WriteTemplate(t); err == nil {
 		Fault(FaultSaveReserved, src.PID)
 		if !live {
 			// Disk only: the disk moves into the template, the source
@@ -126,7 +126,7 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	if err != nil {
 		// Not kept after all: collectTemplates may take it.
 		t.Name, t.PoolSize = "", 0
-		mg.Store.SaveTemplate(t)
+		mg.Store.WriteTemplate(t)
 		f.abort(ctx, !errors.Is(err, ErrStillPaused))
 		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
 	}
@@ -184,7 +184,7 @@ func (mg *Manager) SetPool(ctx context.Context, name string, size int) (*Templat
 		}
 	}
 	t.PoolSize = size
-	if err := mg.Store.SaveTemplate(t); err != nil {
+	if err := mg.Store.WriteTemplate(t); err != nil {
 		return nil, err
 	}
 	err = mg.fillPool(ctx, t)
@@ -202,7 +202,7 @@ func (mg *Manager) Unkeep(ctx context.Context, name string) (gone bool, err erro
 	defer unlock()
 	mg.removePool(ctx, t.ID)
 	t.Name, t.PoolSize = "", 0
-	if err := mg.Store.SaveTemplate(t); err != nil {
+	if err := mg.Store.WriteTemplate(t); err != nil {
 		return false, err
 	}
 	mg.collectTemplates(ctx)

@@ -138,7 +138,7 @@ func (s *Store) TemplatePaths(id string) TemplatePaths {
 }
 
 // NewTemplate reserves the next free id "<source>.<n>" and creates the
-// template's directory. The record is written by SaveTemplate.
+// template's directory. The record is written by WriteTemplate.
 func (s *Store) NewTemplate(source string) (*Template, error) {
 	if err := ValidateName(source); err != nil {
 		return nil, err
@@ -170,8 +170,9 @@ func (s *Store) NewTemplate(source string) (*Template, error) {
 	}
 }
 
-// SaveTemplate writes t's record atomically.
-func (s *Store) SaveTemplate(t *Template) error {
+// WriteTemplate writes t's record (its manifest) atomically, nothing else:
+// saving a kept template (`vmfork template save`) is Manager.Keep.
+func (s *Store) WriteTemplate(t *Template) error {
 	if err := writeJSON(filepath.Join(t.Paths.Dir, fileManifest), t); err != nil {
 		return fmt.Errorf("template %q: save record: %w", t.ID, err)
 	}
@@ -224,7 +225,7 @@ func (s *Store) DropTemplateMemory(t *Template) error {
 		}
 	}
 	t.HasMemory = false
-	return s.SaveTemplate(t)
+	return s.WriteTemplate(t)
 }
 
 // RemoveTemplate deletes template id's directory and RAM file. A foreign

@@ -99,7 +99,7 @@ func (mg *Manager) SetTTL(ctx context.Context, name string, ttl time.Duration) (
 		}
 	} else if t, terr := mg.Store.FindKept(name); terr == nil {
 		t.Expires = d
-		if err := mg.Store.SaveTemplate(t); err != nil {
+		if err := mg.Store.WriteTemplate(t); err != nil {
 			return time.Time{}, fmt.Errorf("ttl %q: %w", name, err)
 		}
 	} else {
