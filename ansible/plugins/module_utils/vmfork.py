@@ -31,6 +31,33 @@ def common_argument_spec():
     )
 
 
+def dry_run_args(args, words=1):
+    """args with --dry-run after the command's words (1 for fork, 2 for
+    template save): the CLI's check of the same request, changing nothing."""
+    return args[:words] + ['--dry-run'] + args[words:]
+
+
+def planned(command, actions, **what):
+    """The plan check mode reports for a command that has no --dry-run
+    (stop, template pool: they check nothing beyond the name), in the shape
+    of the CLI's --dry-run --json."""
+    plan = dict(dry_run=True, command=command, changed=True)
+    plan.update(what)
+    plan['actions'] = actions
+    return plan
+
+
+def record_change(module, result, before, after):
+    """Marks result changed when the module made (or, in check mode, would
+    make) a change, after being the state it leads to (None: no change),
+    with before and after as the diff in diff mode."""
+    if after is None:
+        return
+    result['changed'] = True
+    if module._diff:
+        result['diff'] = dict(before=before, after=after)
+
+
 class VmforkError(Exception):
     """A vmfork command failed: msg is its one-line error, rc its exit code."""
 

@@ -178,7 +178,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    EXIT_PARTIAL, Vmfork, VmforkError, common_argument_spec)
+    EXIT_PARTIAL, Vmfork, VmforkError, common_argument_spec, dry_run_args)
 
 
 def wanted(p):
@@ -293,7 +293,7 @@ def main():
             for names, hostname in batches(p, missing):
                 args = fork_args(p, names, hostname, spec_file)
                 if module.check_mode:
-                    plan = vm.run(args[:1] + ['--dry-run'] + args[1:])
+                    plan = vm.run(dry_run_args(args))
                     result[key].append(plan)
                     for c in plan.get('children') or []:
                         views[c['name']] = dict(name=c['name'], created=True, hostname=c.get('hostname'),

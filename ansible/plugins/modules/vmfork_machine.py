@@ -115,7 +115,7 @@ plan:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec)
+    Vmfork, VmforkError, common_argument_spec, dry_run_args, planned, record_change)
 
 
 def boot_args(p):
@@ -177,14 +177,14 @@ def main():
         if want == 'absent' and m:
             after = {'state': 'absent'}
             if module.check_mode:
-                result['plan'] = vm.run(['rm', '--dry-run', name])
+                result['plan'] = vm.run(dry_run_args(['rm', name]))
             else:
                 vm.run(['rm'] + force + [name])
             result['machine'] = {}
         elif want == 'running' and not m:
             after = {'name': name, 'state': 'running'}
             if module.check_mode:
-                result['plan'] = vm.run(['boot', '--dry-run'] + boot_args(p))
+                result['plan'] = vm.run(dry_run_args(['boot'] + boot_args(p)))
             else:
                 result['machine'] = vm.run(['boot'] + boot_args(p))
         elif want == 'running' and m['state'] == 'stopped':
@@ -196,8 +196,7 @@ def main():
             after = {'name': name, 'state': 'stopped'}
             if module.check_mode:
                 # stop has no --dry-run: it checks nothing beyond the name.
-                result['plan'] = {'dry_run': True, 'command': 'stop', 'changed': True, 'machines': [name],
-                                  'actions': ['shut machine %r down and keep its disk' % name]}
+                result['plan'] = planned('stop', ['shut machine %r down and keep its disk' % name], machines=[name])
             else:
                 result['machine'] = (vm.run(['stop'] + force + [name]) or [{}])[0]
         elif m and want == 'running':
@@ -205,10 +204,7 @@ def main():
                 if value is not None and m.get(key) != value:
                     module.warn('machine %r exists with %s=%s, not %s; it is left as it is'
                                 % (name, key, m.get(key), value))
-        if after is not None:
-            result['changed'] = True
-            if module._diff:
-                result['diff'] = dict(before=state_of(m), after=after)
+        record_change(module, result, state_of(m), after)
     except VmforkError as e:
         vm.fail(e)
     module.exit_json(**result)

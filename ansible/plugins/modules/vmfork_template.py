@@ -86,7 +86,7 @@ plan:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec)
+    Vmfork, VmforkError, common_argument_spec, dry_run_args, planned, record_change)
 
 
 def summary(t):
@@ -115,7 +115,7 @@ def main():
             if t:
                 after = {'state': 'absent'}
                 if module.check_mode:
-                    result['plan'] = vm.run(['template', 'rm', '--dry-run', name])
+                    result['plan'] = vm.run(dry_run_args(['template', 'rm', name], 2))
                 else:
                     result['removed'] = (vm.run(['template', 'rm', name]) or {}).get('removed', False)
                 result['template'] = {}
@@ -125,7 +125,7 @@ def main():
             args = ['template', 'save', '--pool', str(p['pool'] or 0), p['source'], name]
             after = {'name': name, 'source': p['source'], 'pool_size': p['pool'] or 0}
             if module.check_mode:
-                result['plan'] = vm.run(args[:2] + ['--dry-run'] + args[2:])
+                result['plan'] = vm.run(dry_run_args(args, 2))
             else:
                 result['template'] = vm.run(args)
         else:
@@ -135,15 +135,12 @@ def main():
             if p['pool'] is not None and p['pool'] != t.get('pool_size'):
                 after = dict(summary(t), pool_size=p['pool'])
                 if module.check_mode:
-                    result['plan'] = {'dry_run': True, 'command': 'template pool', 'changed': True, 'template': name,
-                                      'actions': ['resize the warm pool of template %r from %d to %d'
-                                                  % (name, t.get('pool_size', 0), p['pool'])]}
+                    result['plan'] = planned('template pool', ['resize the warm pool of template %r from %d to %d'
+                                                               % (name, t.get('pool_size', 0), p['pool'])],
+                                             template=name)
                 else:
                     result['template'] = vm.run(['template', 'pool', name, str(p['pool'])])
-        if after is not None:
-            result['changed'] = True
-            if module._diff:
-                result['diff'] = dict(before=summary(t), after=after)
+        record_change(module, result, summary(t), after)
     except VmforkError as e:
         vm.fail(e)
     module.exit_json(**result)
