@@ -75,6 +75,16 @@ type archiveFile struct {
 	file    *os.File   // what it is read from (export)
 }
 
+// stored is the bytes the archive holds for all its files: what export
+// writes, import reads and both report and count progress against.
+func (h *archiveHeader) stored() int64 {
+	var n int64
+	for _, f := range h.Files {
+		n += f.stored()
+	}
+	return n
+}
+
 func (f archiveFile) stored() int64 {
 	var n int64
 	for _, e := range f.Extents {
@@ -191,9 +201,8 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	if err := os.Rename(out.Name(), req.File); err != nil {
 		return fail(err)
 	}
-	res := &ExportResult{Name: t.Name, ID: t.ID, File: req.File, Archive: st.Size(), HasMemory: t.HasMemory}
+	res := &ExportResult{Name: t.Name, ID: t.ID, File: req.File, Archive: st.Size(), HasMemory: t.HasMemory, Stored: hdr.stored()}
 	for _, f := range hdr.Files {
-		res.Stored += f.stored()
 		res.Logical += f.Size
 	}
 	res.Elapsed = ms(time.Since(start))
@@ -351,10 +360,7 @@ func writeTar(ctx context.Context, w io.Writer, hdr *archiveHeader, progress fun
 	if _, err := tw.Write(data); err != nil {
 		return err
 	}
-	var total, done int64
-	for _, f := range hdr.Files {
-		total += f.stored()
-	}
+	total, done := hdr.stored(), int64(0)
 	last := time.Now()
 	for _, f := range hdr.Files {
 		if err := tw.WriteHeader(&tar.Header{Name: archiveFilesDir + f.Name, Mode: 0o600, Size: f.stored(), ModTime: mod}); err != nil {

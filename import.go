@@ -121,11 +121,7 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 		return fail(err)
 	}
 	mg.Log.WithFields(map[string]any{"template": rec.ID, "name": name}).Info("template imported")
-	res := &ImportResult{Name: name, ID: rec.ID, Source: rec.Source, HasMemory: rec.HasMemory, Files: len(hdr.Files), Elapsed: ms(time.Since(start))}
-	for _, f := range hdr.Files {
-		res.Stored += f.stored()
-	}
-	return res, nil
+	return &ImportResult{Name: name, ID: rec.ID, Source: rec.Source, HasMemory: rec.HasMemory, Files: len(hdr.Files), Stored: hdr.stored(), Elapsed: ms(time.Since(start))}, nil
 }
 
 // zstdMaxWindow bounds the decoder's memory: what zstd(1) allows without
@@ -213,11 +209,10 @@ func (s *Store) extractArchive(ctx context.Context, tr *tar.Reader, hdr *archive
 		return nil, err
 	}
 	want := map[string]archiveFile{}
-	var total, done int64
 	for _, f := range hdr.Files {
 		want[f.Name] = f
-		total += f.stored()
 	}
+	total, done := hdr.stored(), int64(0)
 	for {
 		th, err := tr.Next()
 		if errors.Is(err, io.EOF) {
