@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
 
@@ -76,12 +75,7 @@ func listCheckpoints(cliCtx *cli.Context, machine string) error {
 	if cliCtx.Bool("json") {
 		return printJSON(cps)
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tID\tMEMORY\tCHILDREN\tCREATED")
-	for _, c := range cps {
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\n", c.Name, c.ID, c.HasMemory, c.Children, c.Created.Local().Format("2006-01-02 15:04:05"))
-	}
-	return tw.Flush()
+	return printTemplates(os.Stdout, cps)
 }
 
 var rewindCommand = &cli.Command{

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"text/tabwriter"
@@ -114,18 +115,24 @@ its frozen file holds, how many running children map it, and its warm pool
 		if cliCtx.Bool("json") {
 			return printJSON(ts)
 		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tID\tSOURCE\tMEMORY\tRAM HELD\tCHILDREN\tPOOL\tCREATED")
-		for _, t := range ts {
-			held := "-"
-			if t.HasMemory {
-				held = fmt.Sprintf("%.1f MiB", float64(t.RAMBytes)/(1<<20))
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
-				held, t.Children, t.Pooled, t.PoolSize, t.Created.Local().Format("2006-01-02 15:04:05"))
-		}
-		return tw.Flush()
+		return printTemplates(os.Stdout, ts)
 	},
+}
+
+// printTemplates is the table of template ls and checkpoint ls: a
+// checkpoint is a kept template, so both list the same rows.
+func printTemplates(w io.Writer, ts []vmfork.TemplateStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tSOURCE\tMEMORY\tRAM HELD\tCHILDREN\tPOOL\tCREATED")
+	for _, t := range ts {
+		held := "-"
+		if t.HasMemory {
+			held = fmt.Sprintf("%.1f MiB", float64(t.RAMBytes)/(1<<20))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
+			held, t.Children, t.Pooled, t.PoolSize, t.Created.Local().Format("2006-01-02 15:04:05"))
+	}
+	return tw.Flush()
 }
 
 var templatePoolCommand = &cli.Command{
