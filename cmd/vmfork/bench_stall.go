@@ -34,7 +34,13 @@ Then (unless --no-libvirt) the source is removed and a libvirt domain of the
 same guest, RAM and use is cloned the libvirt way each round: virsh save,
 then virsh restore until its agent answers (target: >= 10x the fork).
 
+With --driver libvirt the source is booted and forked through vmfork's
+libvirt driver, and the floor is the calls its freeze makes with nothing
+else: virDomainSuspend, the device-state save through libvirt's QMP
+passthrough, virDomainResume (the host must be set up: vmfork libvirt setup).
+
    vmfork bench stall --memory 256M --rounds 2 --no-libvirt     (a quick look)
+   vmfork bench stall --driver libvirt --memory 512M,4G          (the same on libvirt)
    vmfork bench stall --memory 512M,4G --guest-use 0,3G          (issue 11's sizes)`,
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "source RAM sizes, comma-separated", Value: "512M,4G"},
@@ -44,6 +50,7 @@ then virsh restore until its agent answers (target: >= 10x the fork).
 		&cli.DurationFlag{Name: "tail", Usage: "how long each window stays open after the call returned", Value: 500 * time.Millisecond},
 		&cli.StringFlag{Name: "libvirt", Usage: "libvirt URI of the save/restore comparator", Value: "qemu:///system"},
 		&cli.BoolFlag{Name: "no-libvirt", Usage: "leave the libvirt save/restore comparator out"},
+		&cli.StringFlag{Name: "driver", Usage: "vmfork driver the source is forked through: embedded or libvirt", Value: bench.DriverEmbedded},
 	}, benchCommonFlags...),
 	Action: func(cliCtx *cli.Context) error {
 		mems, err := parseMemories(cliCtx.String("memory"))
@@ -67,7 +74,16 @@ then virsh restore until its agent answers (target: >= 10x the fork).
 			return usageError{fmt.Errorf("--guest-use has %d values for %d --memory sizes", len(uses), len(mems))}
 		}
 		opt := bench.StallOptions{MemoryMiB: mems, GuestUse: uses, Rounds: cliCtx.Int("rounds"),
-			Interval: cliCtx.Duration("interval"), Tail: cliCtx.Duration("tail")}
+			Interval: cliCtx.Duration("interval"), Tail: cliCtx.Duration("tail"), Driver: cliCtx.String("driver")}
+		switch opt.Driver {
+		case bench.DriverEmbedded:
+		case bench.DriverLibvirt:
+			if cliCtx.Bool("no-libvirt") {
+				return usageError{fmt.Errorf("--driver %s: needs libvirt, not --no-libvirt", opt.Driver)}
+			}
+		default:
+			return usageError{fmt.Errorf("--driver %q: want %s or %s", opt.Driver, bench.DriverEmbedded, bench.DriverLibvirt)}
+		}
 		if opt.Rounds < 1 {
 			return usageError{fmt.Errorf("--rounds %d: want at least 1", opt.Rounds)}
 		}

@@ -61,15 +61,20 @@ func closeDriver(d vmfork.Driver) error {
 // hook runs this vmfork and guest RAM is on a tmpfs: without them a
 // libvirt fork child cannot start, and only `vmfork libvirt setup` (which
 // changes the host) should make it so.
+//
+// VMFORK_LIBVIRT_HOOK_BIN names another build of vmfork the hook may run
+// instead (the one `vmfork libvirt setup` installed: the product binary,
+// not this vmfork-bench), so a run does not re-point a hook that tests of
+// that build use at the same time.
 func (e *Env) checkLibvirtHook(ctx context.Context) error {
-	res, err := libvirtdrv.Setup(ctx, libvirtdrv.SetupOptions{DryRun: true})
+	res, err := libvirtdrv.Setup(ctx, libvirtdrv.SetupOptions{DryRun: true, Binary: os.Getenv("VMFORK_LIBVIRT_HOOK_BIN")})
 	if err != nil {
 		return fmt.Errorf("libvirt driver: %w", err)
 	}
 	if res.Changed {
 		exe, _ := os.Executable()
 		return fmt.Errorf("libvirt driver: this host is not set up for it (would change: %s); run `%s libvirt setup` once, "+
-			"or leave %s out of --methods: %w", strings.Join(res.Changes, "; "), exe, MethodLibvirtDriver, vmfork.ErrInvalid)
+			"or name the vmfork it runs in VMFORK_LIBVIRT_HOOK_BIN, or leave %s out of --methods: %w", strings.Join(res.Changes, "; "), exe, MethodLibvirtDriver, vmfork.ErrInvalid)
 	}
 	return nil
 }
@@ -157,11 +162,20 @@ func (e *Env) createPaused(ctx context.Context, child, name string) (s Sample, e
 		return s, err
 	}
 	defer os.RemoveAll(dir)
+	// MkdirTemp makes 0700 and vmfork's umask (077) makes the overlay
+	// 0600, but libvirt checks that its QEMU user can reach a domain's
+	// files before it chowns them (as for createDomain's, ca076da).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return s, err
+	}
 	m := *rec
 	m.Name = name
 	m.Paths = vmfork.Paths{Dir: dir, Disk: filepath.Join(dir, "disk.qcow2"), Serial: filepath.Join(dir, "serial.log")}
 	if tpl.Paths.Disk != "" {
 		if err := overlay.Create(ctx, tpl.Paths.Disk, m.Paths.Disk); err != nil {
+			return s, err
+		}
+		if err := os.Chmod(m.Paths.Disk, 0o644); err != nil {
 			return s, err
 		}
 	}

@@ -51,7 +51,17 @@ type StallOptions struct {
 	// Quiet is the length of the window with nothing happening measured in
 	// each round: the client's own noise on this host. Default 1 s.
 	Quiet time.Duration
+	// Driver is the vmfork driver the source is booted and forked through:
+	// DriverEmbedded (default) or DriverLibvirt, whose floor is the same
+	// calls its freeze makes (pauseFloorLibvirt).
+	Driver string
 }
+
+// The drivers `bench stall` forks through.
+const (
+	DriverEmbedded = "embedded"
+	DriverLibvirt  = "libvirt"
+)
 
 func (o *StallOptions) defaults() {
 	if len(o.MemoryMiB) == 0 {
@@ -71,6 +81,9 @@ func (o *StallOptions) defaults() {
 	}
 	if o.Quiet <= 0 {
 		o.Quiet = time.Second
+	}
+	if o.Driver == "" {
+		o.Driver = DriverEmbedded
 	}
 }
 
@@ -154,6 +167,7 @@ type StallResult struct {
 	TailMS     float64     `json:"tail_ms"`
 	QuietMS    float64     `json:"quiet_ms"`
 	Libvirt    bool        `json:"libvirt"`
+	Driver     string      `json:"driver"`
 	Sizes      []StallSize `json:"sizes"`
 }
 
@@ -173,7 +187,11 @@ func Stall(ctx context.Context, e *Env, opt StallOptions) (*StallResult, error) 
 	if lv && e.host.Libvirt == "" {
 		return nil, fmt.Errorf("libvirt at %s does not answer (scripts/libvirtd.sh starts one; --no-libvirt leaves it out): %w", e.cfg.LibvirtURI, vmfork.ErrInvalid)
 	}
-	res := &StallResult{Host: e.host, Rounds: opt.Rounds, IntervalMS: ms(opt.Interval), TailMS: ms(opt.Tail), QuietMS: ms(opt.Quiet), Libvirt: lv}
+	drv, err := e.stallDriver(ctx, opt.Driver)
+	if err != nil {
+		return nil, err
+	}
+	res := &StallResult{Host: e.host, Rounds: opt.Rounds, IntervalMS: ms(opt.Interval), TailMS: ms(opt.Tail), QuietMS: ms(opt.Quiet), Libvirt: lv, Driver: opt.Driver}
 	perSize := 2 + opt.Rounds
 	if lv {
 		perSize += 1 + opt.Rounds
@@ -181,7 +199,7 @@ func Stall(ctx context.Context, e *Env, opt StallOptions) (*StallResult, error) 
 	e.begin(len(opt.MemoryMiB) * perSize)
 	for i, mem := range opt.MemoryMiB {
 		sz := &StallSize{MemoryMiB: mem, GuestUseMiB: uses[i]}
-		machineType, err := e.stallVmfork(ctx, sz, opt)
+		machineType, err := e.stallVmfork(ctx, drv, sz, opt)
 		if err == nil && lv {
 			err = e.stallLibvirt(ctx, sz, opt, machineType)
 		}
@@ -195,34 +213,71 @@ func Stall(ctx context.Context, e *Env, opt StallOptions) (*StallResult, error) 
 	return res, nil
 }
 
+// stallDrv is the vmfork driver a stall run forks through: its Manager, how
+// its machines are removed, and its floor.
+type stallDrv struct {
+	name   string
+	mgr    *vmfork.Manager
+	remove func(ctx context.Context, names ...string) error
+	floor  func(ctx context.Context, name string) (float64, error)
+	// srcName names the source of a size: a libvirt domain name is
+	// host-wide, so the libvirt driver's carries the run's pid.
+	srcName func(mem int) string
+	method  Method
+}
+
+// stallDriver resolves opt.Driver, checking before anything boots that the
+// libvirt driver can start a child on this host.
+func (e *Env) stallDriver(ctx context.Context, name string) (stallDrv, error) {
+	switch name {
+	case DriverEmbedded, "":
+		return stallDrv{name: DriverEmbedded, mgr: e.mgr, remove: e.remove, floor: e.pauseFloor,
+			srcName: func(mem int) string { return "stall" + strconv.Itoa(mem) }, method: MethodVmfork}, nil
+	case DriverLibvirt:
+		if e.cfg.LibvirtURI == "" {
+			return stallDrv{}, fmt.Errorf("driver %s needs a libvirt URI (not --no-libvirt): %w", name, vmfork.ErrInvalid)
+		}
+		if err := e.checkLibvirtHook(ctx); err != nil {
+			return stallDrv{}, err
+		}
+		lv, err := e.libvirtManager()
+		if err != nil {
+			return stallDrv{}, err
+		}
+		return stallDrv{name: DriverLibvirt, mgr: lv, remove: e.removeLibvirt, floor: e.pauseFloorLibvirt,
+			srcName: func(mem int) string { return lvName("stall", mem) }, method: MethodLibvirtDriver}, nil
+	}
+	return stallDrv{}, fmt.Errorf("driver %q: want %s or %s: %w", name, DriverEmbedded, DriverLibvirt, vmfork.ErrInvalid)
+}
+
 // stallVmfork boots the source with its echo service and port forward,
 // fills it, and runs the rounds with the client connected throughout. It
 // returns the source's machine type, which the libvirt domain reuses.
-func (e *Env) stallVmfork(ctx context.Context, sz *StallSize, opt StallOptions) (machineType string, err error) {
+func (e *Env) stallVmfork(ctx context.Context, drv stallDrv, sz *StallSize, opt StallOptions) (machineType string, err error) {
 	mem := sz.MemoryMiB
-	src := "stall" + strconv.Itoa(mem)
-	e.announce("stall %s: booting the source", memLabel(mem))
+	src := drv.srcName(mem)
+	e.announce("stall %s: booting the source (%s driver)", memLabel(mem), drv.name)
 	spec := e.spec(mem, guestAppend)
 	spec.Ports = []vmfork.PortForward{{Guest: echoPort}}
 	start := time.Now()
-	m, err := e.mgr.Boot(ctx, src, spec)
+	m, err := drv.mgr.Boot(ctx, src, spec)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%s driver: boot %s: %w", drv.name, src, err)
 	}
 	sz.SourceBootMS = ms(time.Since(start))
 	if e.host.Accel == "" {
 		e.host.Accel = m.Accel
 	}
-	defer func() { err = errors.Join(err, e.remove(context.WithoutCancel(ctx), src)) }()
+	defer func() { err = errors.Join(err, drv.remove(context.WithoutCancel(ctx), src)) }()
 	if sz.GuestUseMiB > 0 {
 		e.announce("stall %s: filling %s with %s of non-zero data", memLabel(mem), src, memLabel(sz.GuestUseMiB))
-		f, err := fillGuest(ctx, managerRunner(e.mgr, src), MethodVmfork, src, sz.GuestUseMiB)
+		f, err := fillGuest(ctx, managerRunner(drv.mgr, src), drv.method, src, sz.GuestUseMiB)
 		sz.Fills = append(sz.Fills, f)
 		if err != nil {
 			return "", err
 		}
 	}
-	if st, err := e.mgr.Exec(ctx, src, vmfork.ExecRequest{Argv: echoService}); err != nil || st.ExitCode != 0 {
+	if st, err := drv.mgr.Exec(ctx, src, vmfork.ExecRequest{Argv: echoService}); err != nil || st.ExitCode != 0 {
 		return "", fmt.Errorf("start the echo service in %s: exit %d: %w", src, st.ExitCode, err)
 	}
 	if len(m.Spec.Ports) != 1 || m.Spec.Ports[0].Host == 0 {
@@ -236,7 +291,7 @@ func (e *Env) stallVmfork(ctx context.Context, sz *StallSize, opt StallOptions) 
 	defer func() { err = errors.Join(err, c.Close()) }()
 	e.step("stall %s: source booted, its client connected to %s", memLabel(mem), addr)
 	for r := 1; r <= opt.Rounds; r++ {
-		rd, err := e.stallRound(ctx, c, src, r, opt)
+		rd, err := e.stallRound(ctx, drv, c, src, r, opt)
 		sz.Rounds = append(sz.Rounds, rd)
 		if err != nil {
 			return "", fmt.Errorf("round %d: %w", r, err)
@@ -250,7 +305,7 @@ func (e *Env) stallVmfork(ctx context.Context, sz *StallSize, opt StallOptions) 
 
 // stallRound measures a quiet window, then the floor and a fork in an order
 // that alternates between rounds, so neither always runs on a warmer host.
-func (e *Env) stallRound(ctx context.Context, c *echoClient, src string, round int, opt StallOptions) (rd StallRound, err error) {
+func (e *Env) stallRound(ctx context.Context, drv stallDrv, c *echoClient, src string, round int, opt StallOptions) (rd StallRound, err error) {
 	rd.Round = round
 	t0 := time.Now()
 	if err := sleepCtx(ctx, opt.Quiet); err != nil {
@@ -264,7 +319,7 @@ func (e *Env) stallRound(ctx context.Context, c *echoClient, src string, round i
 	floor := func() error {
 		e.announce("stall round %d: floor (stop, device state, cont)", round)
 		t0 := time.Now()
-		p, err := e.pauseFloor(ctx, src)
+		p, err := drv.floor(ctx, src)
 		if err != nil {
 			return err
 		}
@@ -274,7 +329,7 @@ func (e *Env) stallRound(ctx context.Context, c *echoClient, src string, round i
 	}
 	fork := func() error {
 		e.announce("stall round %d: fork", round)
-		return e.stallFork(ctx, c, src, round, opt, &rd)
+		return e.stallFork(ctx, drv, c, src, round, opt, &rd)
 	}
 	steps := []func() error{floor, fork}
 	if round%2 == 0 {
@@ -305,7 +360,7 @@ func windowAfter(ctx context.Context, c *echoClient, t0 time.Time, tail time.Dur
 // stallFork forks one child of src while the client runs, notes the
 // client's gaps, the freeze and the whole clone's time, and removes the
 // child.
-func (e *Env) stallFork(ctx context.Context, c *echoClient, src string, round int, opt StallOptions, rd *StallRound) (err error) {
+func (e *Env) stallFork(ctx context.Context, drv stallDrv, c *echoClient, src string, round int, opt StallOptions, rd *StallRound) (err error) {
 	var mu sync.Mutex
 	var frozen vmfork.FrozenInfo
 	var firstReady time.Time
@@ -325,10 +380,10 @@ func (e *Env) stallFork(ctx context.Context, c *echoClient, src string, round in
 	})
 	child := src + "-c" + strconv.Itoa(round)
 	t0 := time.Now()
-	fr, ferr := e.mgr.Fork(tctx, vmfork.ForkRequest{Source: src, Names: []string{child}})
+	fr, ferr := drv.mgr.Fork(tctx, vmfork.ForkRequest{Source: src, Names: []string{child}})
 	wall := time.Since(t0)
 	// A failed child is removed by vmfork; whatever is left goes here.
-	defer func() { err = errors.Join(err, e.remove(context.WithoutCancel(ctx), child)) }()
+	defer func() { err = errors.Join(err, drv.remove(context.WithoutCancel(ctx), child)) }()
 	if ferr != nil {
 		return ferr
 	}

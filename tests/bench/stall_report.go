@@ -8,6 +8,9 @@ import (
 // WriteTable prints the stall and whole-clone comparison.
 func (r *StallResult) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "host: %s\n", r.Host)
+	if r.Driver != "" {
+		fmt.Fprintf(w, "vmfork driver: %s\n", r.Driver)
+	}
 	fmt.Fprintf(w, "client: one byte to an echo service in the source (busybox nc, port forward) every %s; windows from the call's start to %s after it returned; quiet windows of %s\n",
 		fmtMS(r.IntervalMS), fmtMS(r.TailMS), fmtMS(r.QuietMS))
 	for _, sz := range r.Sizes {
