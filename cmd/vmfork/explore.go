@@ -40,8 +40,8 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 		&cli.StringFlag{Name: "score", Usage: "shell `COMMAND` run after each try; the highest number on its last line wins"},
 		&cli.StringFlag{Name: "keep-as", Usage: "keep the winner as machine `NAME`"},
 		&cli.BoolFlag{Name: "keep-all", Usage: "keep the losing branches too"},
-		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "branches started and tried at once", Value: 4},
-		&cli.IntFlag{Name: "max-children", Usage: "refuse more tries than this", Value: vmfork.DefaultMaxChildren, EnvVars: []string{"VMFORK_MAX_CHILDREN"}},
+		parallelFlag("branches started and tried at once"),
+		maxChildrenFlag("refuse more tries than this"),
 		&cli.StringFlag{Name: "prefix", Usage: "name branches PREFIX-1, PREFIX-2, ...", DefaultText: "SOURCE-try"},
 		&cli.IntFlag{Name: "tail-bytes", Usage: "bytes of stdout and stderr kept per try", Value: vmfork.DefaultTailBytes},
 		ttlFlag,
@@ -53,6 +53,9 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 			return usageError{errors.New("explore needs one source: vmfork explore SOURCE --try COMMAND...")}
 		}
 		if err := checkTTLFlag(cliCtx); err != nil {
+			return err
+		}
+		if err := checkForkLimits(cliCtx); err != nil {
 			return err
 		}
 		if cliCtx.Duration("try-timeout") <= 0 {

@@ -56,8 +56,8 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "number of children (default 1, or the number of NAMEs)"},
 		&cli.StringFlag{Name: "prefix", Usage: "name children PREFIX-1, PREFIX-2, ... (default SOURCE)"},
-		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "children started at once", Value: 4},
-		&cli.IntFlag{Name: "max-children", Usage: "refuse a fork of more children than this", Value: vmfork.DefaultMaxChildren, EnvVars: []string{"VMFORK_MAX_CHILDREN"}},
+		parallelFlag("children started at once"),
+		maxChildrenFlag("refuse a fork of more children than this"),
 		&cli.StringFlag{Name: "customize", Usage: "read the identity spec from `FILE` (YAML, or JSON if it ends in .json)"},
 		&cli.StringFlag{Name: "identity", Usage: "fresh (new vmgenid, clock and RNG) or reproducible (the template's)", DefaultText: "fresh"},
 		&cli.StringFlag{Name: "hostname", Usage: "hostname `PATTERN`: {n} the child's index, {name} its name, {parent} the source's", DefaultText: "{name}"},
@@ -95,11 +95,8 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		if cliCtx.IsSet("count") && req.Count < 1 {
 			return usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
 		}
-		if req.Parallel < 1 {
-			return usageError{fmt.Errorf("--parallel %d: want at least 1", req.Parallel)}
-		}
-		if req.MaxChildren < 1 {
-			return usageError{fmt.Errorf("--max-children %d: want at least 1", req.MaxChildren)}
+		if err := checkForkLimits(cliCtx); err != nil {
+			return err
 		}
 		if req.Count == 0 && len(req.Names) == 0 {
 			req.Count = 1
@@ -134,6 +131,28 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		printFork(res)
 		return err
 	},
+}
+
+// parallelFlag and maxChildrenFlag are fork's, and explore's, which forks
+// one branch per try: the same flags with the same defaults, each command
+// saying what it counts.
+func parallelFlag(usage string) cli.Flag {
+	return &cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: usage, Value: 4}
+}
+
+func maxChildrenFlag(usage string) cli.Flag {
+	return &cli.IntFlag{Name: "max-children", Usage: usage, Value: vmfork.DefaultMaxChildren, EnvVars: []string{"VMFORK_MAX_CHILDREN"}}
+}
+
+// checkForkLimits refuses --parallel or --max-children below 1 (the
+// library would read 0 as its default, which is not what was asked).
+func checkForkLimits(cliCtx *cli.Context) error {
+	for _, name := range []string{"parallel", "max-children"} {
+		if n := cliCtx.Int(name); n < 1 {
+			return usageError{fmt.Errorf("--%s %d: want at least 1", name, n)}
+		}
+	}
+	return nil
 }
 
 func printFork(res *vmfork.ForkResult) {
