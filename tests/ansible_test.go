@@ -224,6 +224,7 @@ const badPlaybook = `
 `
 
 func TestAnsiblePlaybook(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	a := newAnsible(t, e)
 	a.vars["kernel"], a.vars["initrd"], a.vars["disk"] = e.guest.Kernel, e.guest.Initrd, e.guest.Disk

@@ -529,6 +529,7 @@ func (r *rig) killStrays() {
 // an error that names the wait and shows the serial console, and leaves
 // nothing behind.
 func TestBootNeverAnswers(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	start := time.Now()
 	// panic=0: the kernel stops at its panic, so the console's last lines

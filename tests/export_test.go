@@ -110,6 +110,7 @@ type importJSON struct {
 // from the saved instant. Archives that are corrupted, truncated or name
 // another QEMU version or machine type are refused, leaving nothing.
 func TestExportImport(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.exec("src", "vmfork-counter", "start")
@@ -255,6 +256,7 @@ func (e *env) waitCounter(name string, n int) int {
 // name and MAC unchanged; a second rewind to the same checkpoint works; a
 // checkpoint of another machine is refused without --force.
 func TestCheckpointRewind(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.boot("other")

@@ -65,6 +65,7 @@ func domainOf(t *testing.T, name string) string {
 // changes after its children ran; removing the middle machine of the chain
 // keeps its descendant working; nothing is left.
 func TestLibvirtFlatPause(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p, c1, g1, c2 := d.n("p"), d.n("c1"), d.n("g1"), d.n("c2")
 	d.bootGuest(p)

@@ -63,6 +63,7 @@ func (e *env) counterAdvances(name string) {
 // PIDs and data, their later writes stay their own, and no template file
 // changes after its children and its source ran and wrote.
 func TestFlatPauseContinues(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	pid := strings.TrimSpace(e.exec("src", "vmfork-counter", "start"))
@@ -167,6 +168,7 @@ func (e *env) assertEmpty() {
 // parent's state, none streams its RAM, and removing a middle machine keeps
 // its descendants working.
 func TestFlatPauseChain(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("g0")
 	pid := strings.TrimSpace(e.exec("g0", "vmfork-counter", "start"))
@@ -213,6 +215,7 @@ func TestFlatPauseChain(t *testing.T) {
 // before each of 20 steps, the previous checkpoint removed. Each child holds
 // the source's state at its fork, and nothing is left once all is removed.
 func TestFlatPauseLoop(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("agent")
 	e.exec("agent", "vmfork-counter", "start")

@@ -61,6 +61,7 @@ func fileSHA256(t *testing.T, path string) string {
 // TestForkRunning is the heart of vmfork: a running source becomes four
 // running machines that continue from the same instant and then diverge.
 func TestForkRunning(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src", "--port", "0:22")
 	pid := strings.TrimSpace(e.exec("src", "vmfork-counter", "start"))
@@ -211,6 +212,7 @@ func TestForkTwiceAndForkAChild(t *testing.T) {
 
 // TestForkStopped forks a stopped source: its children boot fresh from its disk.
 func TestForkStopped(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("cold")
 	e.exec("cold", "sh", "-c", "echo before-stop > /data/kept; sync")

@@ -219,6 +219,7 @@ func stepTimes(id *identityJSON) string {
 // failed. Here the Debian guest's dhclient, which configured eth0, is
 // removed from the source before the fork (the running one stays).
 func TestIdentityDebianMissingTool(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"))
 	e.waitIPv4("deb", 2*time.Minute)

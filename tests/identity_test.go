@@ -131,6 +131,8 @@ func TestIdentityFresh(t *testing.T) {
 // first instant (read by a watcher a pre-fork hook starts), where fresh
 // children have reseeded from GUIDs of their own (TestIdentityFresh).
 func TestIdentityReproducible(t *testing.T) {
+	// Not parallel: it reads the guest kernel's CRNG reseed times, which
+	// a busy host shifts.
 	e := newEnv(t)
 	e.boot("src")
 	e.install("src", "/run/rndwatch", rndWatch)

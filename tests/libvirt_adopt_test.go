@@ -19,6 +19,7 @@ import (
 // domain itself forgets it, once its owner has merged the overlay vmfork
 // moved it onto back into the image.
 func TestLibvirtAdoptExistingDomain(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	user := t.TempDir()
 	reachableByQEMU(t, filepath.Dir(user))

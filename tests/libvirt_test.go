@@ -17,6 +17,7 @@ import (
 // would: virsh destroy and vmfork rm. Either way nothing is left, and the
 // template goes with the last child.
 func TestLibvirtForkIntoDomains(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p := d.n("p")
 	kids := []string{p + "-1", p + "-2", p + "-3"}
