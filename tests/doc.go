@@ -11,10 +11,12 @@
 //
 // # Parallel
 //
-// Most tests run one at a time. The heaviest self-contained ones (the Debian
-// guest's identity and conformance suites, the crash matrices, the libvirt
-// network and concurrency tests) call t.Parallel(): go test runs them after
-// the others, two at a time (make integration passes -parallel 2). A guest
+// Tests that own all they use call t.Parallel() (the Debian guest's identity
+// and conformance suites, the crash matrices, the flat-pause, fork, template
+// and libvirt tests that take longest): go test runs them after the others,
+// two at a time (make integration passes -parallel 2). Tests that read
+// timing inside the guest (TestIdentityReproducible), set the environment or
+// change host-wide settings (libvirt setup) run alone. A guest
 // under TCG keeps one core busy, so two at once use a 2-core host without
 // slowing each other much, and the suite takes minutes less. Such a test owns
 // everything it uses (its env's state and mem dirs, its domain prefix, its
