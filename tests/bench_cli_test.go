@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -296,5 +297,103 @@ func TestBenchStallSmoke(t *testing.T) {
 		if left := domains(t, prefix); len(left) > 0 {
 			t.Errorf("bench left libvirt domains %v", left)
 		}
+	}
+}
+
+// TestBenchStallLibvirtSmoke runs `vmfork bench stall --driver libvirt`
+// small: the source is booted and forked through the libvirt driver, its
+// floor is the freeze's own calls through libvirt (suspend, device state
+// through QMP passthrough, resume), and the comparator is as for the
+// embedded driver. The client's gaps must cover each pause, and the run
+// must leave no domain, QEMU or directory behind. Bad driver flags fail
+// first, with exit 2.
+func TestBenchStallLibvirtSmoke(t *testing.T) {
+	e := newEnv(t)
+	libvirtSetup(t, e) // the hook runs e.bin, which the run is told of
+	b := newBenchBases(t)
+	tmp, err := os.MkdirTemp("/var/tmp", "vmfork-benchtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.tmp = tmp
+	for _, args := range [][]string{{"--driver", "xen"}, {"--driver", "libvirt", "--no-libvirt"}} {
+		cmd := b.command(t, append([]string{"bench", "stall", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--driver") {
+			t.Errorf("bench stall %v: %v, want exit 2 naming --driver:\n%s", args, err, out)
+		}
+	}
+	cmd := b.command(t, "bench", "stall", "--driver", "libvirt", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
+		"--guest-use", "40M", "--rounds", "2", "--tail", "300ms", "--settle", "200ms", "--json")
+	cmd.Env = append(cmd.Env, "VMFORK_LIBVIRT_HOOK_BIN="+e.bin)
+	out, err := cmd.Output()
+	prefix := ""
+	if cmd.Process != nil {
+		prefix = "vmfork-bench-" + strconv.Itoa(cmd.Process.Pid) + "-"
+		t.Cleanup(func() { removeDomains(t, prefix) })
+	}
+	if err != nil {
+		var stderr []byte
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("vmfork bench stall --driver libvirt: %v\n%s\nstderr:\n%s", err, out, stderr)
+	}
+	type gaps struct {
+		Replies  int     `json:"replies"`
+		MaxGapMS float64 `json:"max_gap_ms"`
+	}
+	var res struct {
+		Driver string `json:"driver"`
+		Sizes  []struct {
+			Rounds []struct {
+				Floor             gaps    `json:"floor"`
+				FloorPauseMS      float64 `json:"floor_pause_ms"`
+				Fork              gaps    `json:"fork"`
+				ForkAcrossPauseMS float64 `json:"fork_gap_across_pause_ms"`
+				ForkPauseMS       float64 `json:"fork_pause_ms"`
+				RAMMode           string  `json:"ram_mode"`
+				CloneMS           float64 `json:"whole_clone_ms"`
+				ChildReadyMS      float64 `json:"child_ready_ms"`
+			} `json:"rounds"`
+			SaveRestoreMS float64 `json:"libvirt_save_restore_ms"`
+			Ratios        []struct {
+				Name string `json:"name"`
+				Met  *bool  `json:"met"`
+			} `json:"ratios"`
+		} `json:"sizes"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Sizes) != 1 || len(res.Sizes[0].Rounds) != 2 || res.Driver != "libvirt" {
+		t.Fatalf("bench stall --driver libvirt --json: %v; want one size, two rounds, driver libvirt\n%s", err, out)
+	}
+	sz := res.Sizes[0]
+	for i, r := range sz.Rounds {
+		if r.FloorPauseMS <= 0 || r.Floor.Replies < 5 || r.Floor.MaxGapMS < r.FloorPauseMS/2 {
+			t.Errorf("round %d: floor paused %.1f ms, %d replies, longest gap %.1f ms; want a gap covering the pause", i+1, r.FloorPauseMS, r.Floor.Replies, r.Floor.MaxGapMS)
+		}
+		if r.ForkPauseMS <= 0 || r.Fork.Replies < 5 || r.ForkAcrossPauseMS < r.ForkPauseMS/2 || r.Fork.MaxGapMS < r.ForkAcrossPauseMS {
+			t.Errorf("round %d: fork paused %.1f ms, gap across it %.1f ms, longest %.1f ms; want gaps covering the pause",
+				i+1, r.ForkPauseMS, r.ForkAcrossPauseMS, r.Fork.MaxGapMS)
+		}
+		if r.RAMMode == "" || r.ChildReadyMS <= 0 || r.CloneMS < r.ChildReadyMS {
+			t.Errorf("round %d: RAM mode %q, child ready %.0f ms, whole clone %.0f ms; want the clone to include the child's ready", i+1, r.RAMMode, r.ChildReadyMS, r.CloneMS)
+		}
+	}
+	targets := 0
+	for _, r := range sz.Ratios {
+		if r.Met != nil {
+			targets++
+		}
+	}
+	if sz.SaveRestoreMS <= 0 || targets != 2 {
+		t.Errorf("save + restore %.0f ms, %d targets; want both measured", sz.SaveRestoreMS, targets)
+	}
+	waitGoneDirs(t, b)
+	if left := domains(t, prefix); len(left) > 0 {
+		t.Errorf("bench left libvirt domains %v", left)
 	}
 }
