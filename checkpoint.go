@@ -230,21 +230,36 @@ func (mg *Manager) checkRewind(ctx context.Context, m *Machine, t *Template, for
 	return mg.CheckTemplate(ctx, t)
 }
 
-// rewoundMachine is machine m's record as a child of t: m's name, files,
-// host ports, guest MAC and lineage, t's device configuration (its network
-// too: the NIC's kind is in the device state), RAM and a new
-// disk overlay on t's frozen disk (a new name: QEMU reopens images by name).
+// rewoundMachine is machine m's record as a child of t (inPlaceChild), with
+// the identity the rewind gives it and m's guest MAC.
 func (mg *Manager) rewoundMachine(ctx context.Context, m *Machine, t *Template, opts IdentityOptions) (*Machine, error) {
+	return mg.inPlaceChild(ctx, m, t, func(c *Machine) error {
+		if err := mg.prepareIdentity(c, t, 1, opts); err != nil {
+			return err
+		}
+		c.GuestMAC = m.GuestMAC
+		return nil
+	})
+}
+
+// inPlaceChild is machine m's record as a child of t that takes m's place
+// (rewind, resume), saved in state creating: m's name, files, host ports,
+// guest MAC and lineage, t's device configuration (its network too: the
+// NIC's kind is in the device state), RAM and a new disk overlay on t's
+// frozen disk (a new name: QEMU reopens images by name). Its Template is t
+// from now on, so t counts as used while the new process starts. prep sets
+// what differs between the callers before the record is saved. On error no
+// new disk is left.
+func (mg *Manager) inPlaceChild(ctx context.Context, m *Machine, t *Template, prep func(c *Machine) error) (*Machine, error) {
 	c := *m
 	c.State, c.PID, c.Accel = StateCreating, 0, t.Accel
 	c.Spec = t.Spec
 	c.Spec.Ports = slices.Clone(m.Spec.Ports)
 	c.Template = t.ID
 	c.Paths.RAM, c.Paths.RAMShared = t.Paths.RAM, false
-	if err := mg.prepareIdentity(&c, t, 1, opts); err != nil {
+	if err := prep(&c); err != nil {
 		return nil, err
 	}
-	c.GuestMAC = m.GuestMAC
 	if c.GuestMAC == "" {
 		c.GuestMAC = m.Spec.MAC
 	}
@@ -259,7 +274,9 @@ func (mg *Manager) rewoundMachine(ctx context.Context, m *Machine, t *Template, 
 		c.Paths.Disk = next
 	}
 	if err := mg.Store.SaveMachine(&c); err != nil {
-		os.Remove(c.Paths.Disk)
+		if c.Paths.Disk != m.Paths.Disk {
+			os.Remove(c.Paths.Disk)
+		}
 		return nil, err
 	}
 	return &c, nil

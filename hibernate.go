@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -395,37 +394,13 @@ func (mg *Manager) hibernatedMachine(ctx context.Context, verb, name string) (*M
 }
 
 // resumedMachine is machine m's record as a child of its hibernation
-// template t, saved in state creating: m's name, files, ports, guest MAC,
-// vmgenid and lineage, t's RAM and a new disk overlay on t's frozen disk
-// (a new name: QEMU reopens images by name). Its Template is t from now
-// on, so t counts as used while the new process starts.
+// template t (inPlaceChild): the same machine going on, so its vmgenid
+// stays (no RNG reseed is due) and its NIC keeps the MAC its guest has.
 func (mg *Manager) resumedMachine(ctx context.Context, m *Machine, t *Template) (*Machine, error) {
-	c := *m
-	c.State, c.PID, c.Accel = StateCreating, 0, t.Accel
-	c.Spec = t.Spec
-	c.Spec.Ports = slices.Clone(m.Spec.Ports)
-	c.Template = t.ID
-	c.Paths.RAM, c.Paths.RAMShared = t.Paths.RAM, false
-	// The same machine going on: its vmgenid stays (no RNG reseed is due),
-	// and its NIC keeps the MAC its guest has.
-	c.VMGenID = t.VMGenID
-	if c.GuestMAC == "" {
-		c.GuestMAC = m.Spec.MAC
-	}
-	if t.Paths.Disk != "" {
-		next, err := overlay.NextTop(m.Paths.Dir)
-		if err != nil {
-			return nil, err
-		}
-		if err := overlay.Create(ctx, t.Paths.Disk, next); err != nil {
-			return nil, err
-		}
-		c.Paths.Disk = next
-	}
-	if err := mg.Store.SaveMachine(&c); err != nil {
-		return &c, err
-	}
-	return &c, nil
+	return mg.inPlaceChild(ctx, m, t, func(c *Machine) error {
+		c.VMGenID = t.VMGenID
+		return nil
+	})
 }
 
 // resumeChain runs only the agent and clock steps of a resumed machine's
