@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pause of a libvirt-driver fork (docs/BENCHMARKS.md, "Flat pause"): an idle
+# Pause of a libvirt-driver fork (docs/FLATPAUSE.md): an idle
 # 512 MiB source and a 2 GiB source holding 1.2 GiB of non-zero data (a tmpfs
 # in the guest), ROUNDS forks of each (default 3), each child removed before
 # the next, for each vmfork binary given (e.g. an older build next to this

@@ -1,7 +1,7 @@
 package sharedmem
 
 // How a freeze gives its template the source's RAM without copying it while
-// the source is paused ("flat pause", docs/BENCHMARKS.md), for any driver:
+// the source is paused ("flat pause", docs/FLATPAUSE.md), for any driver:
 // both reach QEMU through something that runs QMP commands and passes files
 // (Monitor), and both know the QEMU process's pid.
 //

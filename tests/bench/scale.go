@@ -23,8 +23,7 @@ type ScaleOptions struct {
 	Rounds         int   // forks per point; default 3
 	// GuestUse fills each source of the RAM sweep with non-zero data before
 	// its rounds: one value for every size, or one per MemoryMiB entry. The
-	// pause must not grow with what the guest uses (docs/BENCHMARKS.md,
-	// "Flat pause").
+	// pause must not grow with what the guest uses (docs/FLATPAUSE.md).
 	GuestUse []GuestUse
 	// Depth, when positive, adds the depth sweep: a source of
 	// ChildMemoryMiB filled by DepthUse is forked, then its child, then
