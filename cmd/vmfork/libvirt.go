@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"syscall"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/vmfork/vmfork"
@@ -226,6 +228,14 @@ var libvirtReapCommand = &cli.Command{
 		if cliCtx.NArg() != 1 {
 			return usageError{fmt.Errorf("libvirt reap takes exactly one machine name")}
 		}
+		// The hook runs this when a child's domain ends, which is also
+		// while its store is being removed (its owner's rm -rf, a test's
+		// cleanup): then there is nothing to reap, and opening the store
+		// would make its directories again.
+		if gone := storeGone(cliCtx.String("state-dir"), cliCtx.String("mem-dir")); gone != "" {
+			logrus.WithField("dir", gone).Debug("libvirt reap: the store is gone; nothing to reap")
+			return nil
+		}
 		ctx, cancel := appContext(cliCtx)
 		defer cancel()
 		mg, err := newManager(cliCtx)
@@ -242,4 +252,15 @@ var libvirtReapCommand = &cli.Command{
 		}
 		return mg.RemoveEnded(ctx, name)
 	},
+}
+
+// storeGone returns the first of the store's directories that does not
+// exist, or "".
+func storeGone(dirs ...string) string {
+	for _, d := range dirs {
+		if _, err := os.Stat(d); errors.Is(err, fs.ErrNotExist) {
+			return d
+		}
+	}
+	return ""
 }
