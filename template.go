@@ -93,7 +93,23 @@ type Manifest struct {
 	// RAMSharedWithChildren is false when the source's RAM was private (it
 	// was itself a fork child): the device state then carries all of RAM.
 	RAMSharedWithChildren bool `json:"ram_shared_with_children"`
+	// DevStateFormat is how the device state was saved: "" a migration
+	// stream, DevStateDevices the device sections alone (qmp.SaveDevices),
+	// DevStateNoConfig a migration stream without its configuration
+	// section. A child's QEMU loads the last two with qmp.DevicesOnlyArgs.
+	DevStateFormat string `json:"devstate_format,omitempty"`
 }
+
+// Device-state formats other than a migration stream (Manifest.DevStateFormat).
+const (
+	// DevStateDevices is a device state saved without a migration
+	// (qmp.SaveDevices).
+	DevStateDevices = "devices"
+	// DevStateNoConfig is a migration stream saved by a QEMU started with
+	// qmp.DevicesOnlyArgs (a child of a DevStateDevices template): it has
+	// no configuration section either.
+	DevStateNoConfig = "migration-noconfig"
+)
 
 // Check reports the first field of m that differs from want, naming it.
 func (m Manifest) Check(want Manifest) error {

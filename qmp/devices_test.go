@@ -1,0 +1,56 @@
+package qmp
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"reflect"
+	"testing"
+)
+
+// hmpExecutor answers human-monitor-command with out.
+type hmpExecutor struct{ out string }
+
+func (h hmpExecutor) Execute(_ context.Context, cmd string, _, result any) error {
+	b, _ := json.Marshal(h.out)
+	return json.Unmarshal(b, result)
+}
+
+func (h hmpExecutor) ExecuteWithFile(context.Context, string, any, *os.File, any) error { return nil }
+
+// QEMU 7.2's "info ramblock" of the test guest (q35, virtio-net with its
+// option ROM), as read from a running machine.
+const ramblocks = `              Block Name    PSize              Offset               Used              Total
+                  pc.ram    4 KiB  0x0000000000000000 0x0000000020000000 0x0000000020000000
+    /rom@etc/acpi/tables    4 KiB  0x00000000200c0000 0x0000000000020000 0x0000000000200000
+                 pc.bios    4 KiB  0x0000000020000000 0x0000000000040000 0x0000000000040000
+0000:00:03.0:00.0/virtio-net-pci.rom    4 KiB  0x0000000020080000 0x0000000000040000 0x0000000000040000
+                  pc.rom    4 KiB  0x0000000020040000 0x0000000000020000 0x0000000000020000
+   /rom@etc/table-loader    4 KiB  0x00000000202c0000 0x0000000000001000 0x0000000000010000
+      /rom@etc/acpi/rsdp    4 KiB  0x0000000020300000 0x0000000000001000 0x0000000000001000
+`
+
+func TestNonRAMBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		name, out, shared string
+		want              []string
+		wantErr           bool
+	}{
+		{name: "ROMs only", out: ramblocks, shared: "pc.ram"},
+		{name: "another RAM backend", out: ramblocks, shared: "other", want: []string{"pc.ram"}},
+		{name: "video RAM", out: ramblocks + "                vga.vram    4 KiB  0x0000000020400000 0x0000000001000000 0x0000000001000000\n",
+			shared: "pc.ram", want: []string{"vga.vram"}},
+		{name: "not a listing", out: "unknown command: 'info'", shared: "pc.ram", wantErr: true},
+		{name: "empty", out: "", shared: "pc.ram", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := NonRAMBlocks(t.Context(), hmpExecutor{tc.out}, tc.shared)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("blocks = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
