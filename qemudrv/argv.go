@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/templates"
 )
 
@@ -35,6 +36,9 @@ const (
 type ArgvOptions struct {
 	// Incoming starts QEMU with -incoming defer, to load device state over QMP.
 	Incoming bool
+	// DevicesOnly, with Incoming, readies QEMU for a device state saved
+	// without a migration (qmp.SaveDevices): its template's DevStateFormat.
+	DevicesOnly bool
 }
 
 // Argv returns the QEMU arguments (without the binary) for machine m. The
@@ -109,6 +113,9 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		// steal the source's traffic. A child announces itself once its
 		// identity chain has given it its own MAC and address.
 		add("-global", "migration.announce-rounds=0")
+		if opt.DevicesOnly {
+			add(qmp.DevicesOnlyArgs...)
+		}
 		add("-incoming", "defer")
 	}
 	return a

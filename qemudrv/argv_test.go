@@ -57,6 +57,7 @@ func TestArgvGolden(t *testing.T) {
 		{"boot-tcg", testMachine(), ArgvOptions{}},
 		{"boot-kvm", kvm, ArgvOptions{}},
 		{"child-incoming", child, ArgvOptions{Incoming: true}},
+		{"child-devices-only", child, ArgvOptions{Incoming: true, DevicesOnly: true}},
 		{"diskless", diskless, ArgvOptions{}},
 		{"comma-path", commaPath, ArgvOptions{}},
 		{"bridge", bridge, ArgvOptions{}},

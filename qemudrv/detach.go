@@ -97,6 +97,10 @@ func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		}
 		objects = append(objects, o)
 	}
+	if err := ramBlocksGone(ctx, mon, objects); err != nil {
+		replug(ctx)
+		return func(context.Context) {}, err
+	}
 	if reasons, err = blockedReasons(ctx, mon); err == nil && len(reasons) > 0 {
 		err = fmt.Errorf("%w with its devices detached: %s: %w", qmp.ErrMigrationBlocked, strings.Join(reasons, "; "), vmfork.ErrUnsupported)
 	}
@@ -106,6 +110,43 @@ func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfor
 	}
 	d.log.WithField("machine", src.Name).WithField("devices", len(unplugged)).Info("devices detached for the fork")
 	return replug, nil
+}
+
+// ramBlocksGone waits (bounded) until no RAM block of the deleted objects is
+// left. QEMU frees a deleted memory backend's block only once the last
+// reference to its memory region is dropped, some of them in RCU callbacks
+// after object-del returned: a save in between would still list the block
+// (as "<device path>/<id>"), and no child, started without it, could load
+// the state ("Unknown ramblock"). Seen under load, one fork in a few.
+func ramBlocksGone(ctx context.Context, mon *qmp.Monitor, objects []string) error {
+	if len(objects) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, detachTimeout)
+	defer cancel()
+	for {
+		blocks, err := qmp.NonRAMBlocks(ctx, mon, ramID)
+		if err != nil {
+			return fmt.Errorf("detach devices: %w", err)
+		}
+		left := ""
+		for _, b := range blocks {
+			for _, o := range objects {
+				id := vmfork.ObjectID(o)
+				if b == id || strings.HasSuffix(b, "/"+id) {
+					left = b
+				}
+			}
+		}
+		if left == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("detach devices: QEMU still has RAM block %s of a deleted object after %v", left, detachTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 func blockedReasons(ctx context.Context, mon *qmp.Monitor) ([]string, error) {

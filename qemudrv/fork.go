@@ -33,6 +33,7 @@ const (
 type freezePrep struct {
 	topNode string // the source's current top disk node
 	next    string // the source's next top overlay, made ahead
+	node    string // its block node, added ahead (no backing yet)
 	cleanup func()
 }
 
@@ -62,8 +63,27 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		if err := overlay.CreateOn(ctx, t.Paths.Disk, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
 			return nil, err
 		}
+		// Opening the overlay (blockdev-add) takes 1-2 ms of QEMU's main
+		// loop: done here, while the guest runs, the pause only links it
+		// in (blockdev-snapshot). With no backing it reads nothing of the
+		// frozen image, whose template name does not exist yet.
+		p.node = fmt.Sprintf("top%x", time.Now().UnixNano())
+		add := map[string]any{
+			"driver": "qcow2", "node-name": p.node, "backing": nil,
+			"read-only": false, "auto-read-only": false,
+			"file": map[string]any{"driver": "file", "filename": p.next, "read-only": false, "auto-read-only": false},
+		}
+		if err := mon.Execute(ctx, "blockdev-add", add, nil); err != nil {
+			os.Remove(p.next)
+			return nil, fmt.Errorf("open next overlay: %w", err)
+		}
 		p.cleanup = func() {
 			if src.Paths.Disk != p.next { // not switched: the overlay is unused
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				if err := mon.Execute(cctx, "blockdev-del", map[string]any{"node-name": p.node}, nil); err != nil {
+					d.log.WithError(err).WithField("machine", src.Name).Warn("could not close the unused overlay node")
+				}
+				cancel()
 				os.Remove(p.next)
 			}
 		}
@@ -82,19 +102,7 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 		return err
 	}
 	w.OnFailure(func(context.Context) error { return os.Remove(t.Paths.Disk) })
-	node := fmt.Sprintf("top%x", time.Now().UnixNano())
-	add := map[string]any{
-		"driver": "qcow2", "node-name": node, "backing": nil,
-		"read-only": false, "auto-read-only": false,
-		"file": map[string]any{"driver": "file", "filename": p.next, "read-only": false, "auto-read-only": false},
-	}
-	if err := mon.Execute(ctx, "blockdev-add", add, nil); err != nil {
-		return err
-	}
-	w.OnFailure(func(ctx context.Context) error {
-		return mon.Execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil)
-	})
-	if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": p.topNode, "overlay": node}, nil); err != nil {
+	if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": p.topNode, "overlay": p.node}, nil); err != nil {
 		return err
 	}
 	// From here the source writes to its new overlay, on top of the frozen
@@ -166,7 +174,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err != nil {
 		return err
 	}
-	p, err := d.spawnMachine(bin, am, ArgvOptions{Incoming: true})
+	p, err := d.spawnMachine(bin, am, ArgvOptions{Incoming: true, DevicesOnly: t.Manifest.DevStateFormat != ""})
 	if err != nil {
 		if start != "" {
 			os.Remove(start)
@@ -191,6 +199,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	vmfork.TraceChildPhase(ctx, m.Name, vmfork.PhaseQMPReady)
 	got := manifestOf(m, mon.Greeting())
 	got.RAMSharedWithChildren, got.DevStateBytes = t.Manifest.RAMSharedWithChildren, t.Manifest.DevStateBytes
+	got.DevStateFormat = t.Manifest.DevStateFormat
 	if err := got.Check(t.Manifest); err != nil {
 		return err
 	}

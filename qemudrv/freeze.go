@@ -79,22 +79,17 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, fmt.Errorf("prepare RAM: %w", err)
 	}
 	defer ram.Cleanup(ctx, mon)
-	release, err := qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
-	if err != nil {
-		return fr, err
-	}
-	defer release()
-
 	recipe := sharedmem.Recipe{
-		Source: sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused},
-		SaveDeviceState: func(ctx context.Context) error {
-			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log))
-		},
-		QMP:         mon,
+		Source:      sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused},
 		RAM:         ram,
 		Paused:      func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
 		LeavePaused: vmfork.FreezeLeavesPaused(ctx),
 	}
+	release, err := d.prepareDevState(ctx, mon, src, t, ram, &recipe)
+	if err != nil {
+		return fr, err
+	}
+	defer release()
 	if src.Spec.Disk != "" {
 		recipe.SwitchDisk = func(ctx context.Context, w *sharedmem.PauseWindow) error {
 			return switchDisk(ctx, mon, src, t, prep, w)
@@ -115,6 +110,49 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
 	}).WithFields(frozen.Phases()).Debug("frozen")
 	return fr, nil
+}
+
+// prepareDevState readies the device-state save of r, before the pause. The
+// device sections alone (qmp.SaveDevices: no migration, a shorter pause)
+// when the template's RAM file will hold all of the guest's memory that a
+// child cannot rebuild; otherwise, or when QEMU cannot tell, a migration
+// stream with x-ignore-shared, which also carries the other RAM blocks
+// (all of RAM for a share=off source).
+func (d *Driver) prepareDevState(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, ram *sharedmem.Plan, r *sharedmem.Recipe) (release func(), err error) {
+	log := d.log.WithField("machine", src.Name)
+	devicesOnly := ram.Mode != sharedmem.Stream
+	if devicesOnly {
+		blocks, err := qmp.NonRAMBlocks(ctx, mon, ramID)
+		if err != nil || len(blocks) > 0 {
+			log.WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
+			devicesOnly = false
+		}
+	}
+	if devicesOnly {
+		name, release, err := qmp.CreateDevicesFile(ctx, mon, t.Paths.DevState)
+		if err != nil {
+			return nil, err
+		}
+		t.Manifest.DevStateFormat = vmfork.DevStateDevices
+		r.SaveDeviceState = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, name) }
+		return release, nil
+	}
+	release, err = qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
+	if err != nil {
+		return nil, err
+	}
+	r.SaveDeviceState = func(ctx context.Context) error {
+		return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log))
+	}
+	// A migration's end is reported before QEMU leaves finish-migrate.
+	r.QMP = mon
+	if d.procs.alive(src.PID, qmp.DevicesOnlyArgs[1]) {
+		// A child of a devices-only template (its command line has
+		// send-configuration=off) saves no configuration section; its
+		// children must not expect one.
+		t.Manifest.DevStateFormat = vmfork.DevStateNoConfig
+	}
+	return release, nil
 }
 
 func (d *Driver) checkFreeze(src *vmfork.Machine) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -57,8 +58,15 @@ func NonRAMBlocks(ctx context.Context, ex Executor, shared string) ([]string, er
 	return keep, nil
 }
 
+// ramBlockLine is a block's line in HMP's "info ramblock": its name (empty
+// for a block whose owner is gone), then its page size and offset.
+var ramBlockLine = regexp.MustCompile(`^\s*(.*?)\s*\b\d+ [KMGT]?i?B\s+0x[0-9a-f]+`)
+
+// unnamedBlock stands for a RAM block listed without a name.
+const unnamedBlock = "(unnamed)"
+
 // parseRAMBlocks reads the block names of HMP's "info ramblock": a header
-// line, then one line per block whose first field is its name.
+// line, then one line per block.
 func parseRAMBlocks(out string) ([]string, error) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) == 0 || !strings.Contains(lines[0], "Block Name") {
@@ -66,8 +74,17 @@ func parseRAMBlocks(out string) ([]string, error) {
 	}
 	var names []string
 	for _, l := range lines[1:] {
-		if f := strings.Fields(l); len(f) > 0 {
-			names = append(names, f[0])
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		m := ramBlockLine.FindStringSubmatch(l)
+		switch {
+		case m == nil:
+			return nil, fmt.Errorf("list RAM blocks: unexpected line %q", l)
+		case m[1] == "":
+			names = append(names, unnamedBlock)
+		default:
+			names = append(names, m[1])
 		}
 	}
 	if len(names) == 0 {

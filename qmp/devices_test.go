@@ -40,6 +40,8 @@ func TestNonRAMBlocks(t *testing.T) {
 		{name: "another RAM backend", out: ramblocks, shared: "other", want: []string{"pc.ram"}},
 		{name: "video RAM", out: ramblocks + "                vga.vram    4 KiB  0x0000000020400000 0x0000000001000000 0x0000000001000000\n",
 			shared: "pc.ram", want: []string{"vga.vram"}},
+		{name: "a block whose owner is gone", out: ramblocks + "                            4 KiB  0x0000000020400000 0x0000000000100000 0x0000000000100000\n",
+			shared: "pc.ram", want: []string{"(unnamed)"}},
 		{name: "not a listing", out: "unknown command: 'info'", shared: "pc.ram", wantErr: true},
 		{name: "empty", out: "", shared: "pc.ram", wantErr: true},
 	} {

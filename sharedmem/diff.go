@@ -2,9 +2,12 @@ package sharedmem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 )
 
 // Page flags in /proc/PID/pagemap (Documentation/admin-guide/mm/pagemap.rst).
@@ -22,13 +25,13 @@ type DiffStats struct {
 }
 
 // CopyPrivate copies the pages of private file mapping m that hold the
-// process's own writes (copy-on-write copies, found in /proc/PID/pagemap:
-// present and not a file page, or swapped out) into dst at the same file
-// offsets. Every other page of m shows the mapped file, so when dst already
-// holds that file's contents, dst then holds exactly what the process sees.
-// The process must not write meanwhile (a paused guest). The cost follows
-// the pages written since the mapping was made, not the mapping's size: the
-// page map is 8 bytes per 4 KiB page.
+// process's own writes (copy-on-write copies: present and not a file page,
+// or swapped out) into dst at the same file offsets. Every other page of m
+// shows the mapped file, so when dst already holds that file's contents, dst
+// then holds exactly what the process sees. The process must not write
+// meanwhile (a paused guest). The cost follows the pages written since the
+// mapping was made, and the walk of its page tables: PAGEMAP_SCAN where the
+// kernel has it (pagescan.go), else the page map, 8 bytes per 4 KiB page.
 func CopyPrivate(ctx context.Context, m Mapping, dst *os.File) (st DiffStats, err error) {
 	st.ScannedBytes = m.Size()
 	pm, err := os.Open("/proc/" + strconv.Itoa(m.PID) + "/pagemap")
@@ -36,40 +39,94 @@ func CopyPrivate(ctx context.Context, m Mapping, dst *os.File) (st DiffStats, er
 		return st, fmt.Errorf("copy private pages: %w", err)
 	}
 	defer pm.Close()
-	mem, err := os.Open("/proc/" + strconv.Itoa(m.PID) + "/mem")
+	var runs []pageRun
+	collect := func(first, n int64) error {
+		runs = append(runs, pageRun{first, n})
+		return nil
+	}
+	err = scanPrivate(pm, uint64(m.Start), uint64(m.End), collect)
+	if errors.Is(err, errNoPagemapScan) {
+		err = readPrivate(ctx, pm, m, collect)
+	}
 	if err != nil {
 		return st, fmt.Errorf("copy private pages: %w", err)
 	}
-	defer mem.Close()
+	if len(runs) == 0 {
+		return st, nil
+	}
+	st.CopiedBytes, err = copyRuns(ctx, m, dst, runs)
+	return st, err
+}
+
+// pageRun is n pages from page first of a mapping.
+type pageRun struct{ first, n int64 }
+
+// copyRuns copies runs of m into dst at the same offsets. It maps dst and has
+// the kernel copy from the process into that mapping with process_vm_readv,
+// up to IOV_MAX runs per call: the pages a guest writes between two forks are
+// scattered (hundreds of short runs for 2 MB), and a read and a write per run
+// through /proc/PID/mem cost 2-4x as much in the pause (2.7-10 ms against
+// 1.6-2.2 ms for 2 MB on the reference host).
+func copyRuns(ctx context.Context, m Mapping, dst *os.File, runs []pageRun) (int64, error) {
+	mem, err := unix.Mmap(int(dst.Fd()), m.Offset, int(m.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("map %s: %w", dst.Name(), err)
+	}
+	defer unix.Munmap(mem)
+	const iovMax = 1024
+	local := make([]unix.Iovec, 0, iovMax)
+	remote := make([]unix.RemoteIovec, 0, iovMax)
+	var copied int64
+	for len(runs) > 0 {
+		if err := ctx.Err(); err != nil {
+			return copied, err
+		}
+		k := min(len(runs), iovMax)
+		local, remote = local[:0], remote[:0]
+		var want int64
+		for _, r := range runs[:k] {
+			off, n := r.first*pageSize, r.n*pageSize
+			l := unix.Iovec{Base: &mem[off]}
+			l.SetLen(int(n))
+			local = append(local, l)
+			remote = append(remote, unix.RemoteIovec{Base: uintptr(m.Start) + uintptr(off), Len: int(n)})
+			want += n
+		}
+		got, err := unix.ProcessVMReadv(m.PID, local, remote, 0)
+		if err != nil {
+			return copied, fmt.Errorf("read guest RAM of pid %d: %w", m.PID, err)
+		}
+		copied += int64(got)
+		if int64(got) != want {
+			// A page of the paused process that cannot be read: the
+			// template would miss it.
+			return copied, fmt.Errorf("read guest RAM of pid %d: %d of %d bytes", m.PID, got, want)
+		}
+		runs = runs[k:]
+	}
+	return copied, nil
+}
+
+// readPrivate calls fn with each run of private pages of m found in the page
+// map read through pm, as page indexes from m's start: CopyPrivate's way on
+// a kernel without PAGEMAP_SCAN.
+func readPrivate(ctx context.Context, pm *os.File, m Mapping, fn func(first, n int64) error) error {
 	const batch = 64 << 10 // pagemap entries read at once (256 MiB of RAM)
 	ents := make([]byte, batch*8)
-	buf := make([]byte, 4<<20)
 	pages := m.Size() / pageSize
 	runStart, runLen := int64(-1), int64(0)
 	flush := func() error {
-		for runLen > 0 {
-			n := min(runLen*pageSize, int64(len(buf)))
-			off := runStart * pageSize
-			if _, err := mem.ReadAt(buf[:n], int64(m.Start)+off); err != nil {
-				return fmt.Errorf("read guest RAM at %#x: %w", off, err)
-			}
-			if _, err := dst.WriteAt(buf[:n], m.Offset+off); err != nil {
-				return fmt.Errorf("write %s: %w", dst.Name(), err)
-			}
-			st.CopiedBytes += n
-			runStart += n / pageSize
-			runLen -= n / pageSize
-		}
-		runStart = -1
-		return nil
+		err := fn(runStart, runLen)
+		runStart, runLen = -1, 0
+		return err
 	}
 	for first := int64(0); first < pages; first += batch {
 		if err := ctx.Err(); err != nil {
-			return st, err
+			return err
 		}
 		k := min(batch, pages-first)
 		if _, err := pm.ReadAt(ents[:k*8], (int64(m.Start)/pageSize+first)*8); err != nil {
-			return st, fmt.Errorf("read page map: %w", err)
+			return fmt.Errorf("read page map: %w", err)
 		}
 		for i := int64(0); i < k; i++ {
 			e := le64(ents[i*8:])
@@ -81,17 +138,15 @@ func CopyPrivate(ctx context.Context, m Mapping, dst *os.File) (st DiffStats, er
 				runLen++
 			case runStart >= 0:
 				if err := flush(); err != nil {
-					return st, err
+					return err
 				}
 			}
 		}
 	}
 	if runStart >= 0 {
-		if err := flush(); err != nil {
-			return st, err
-		}
+		return flush()
 	}
-	return st, nil
+	return nil
 }
 
 func le64(b []byte) uint64 {

@@ -3,12 +3,15 @@
 package tests
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork"
 )
 
 // The flat-pause freeze (qemudrv/freeze.go): no RAM copy in the pause, the
@@ -22,6 +25,21 @@ func (e *env) fillRun(name, file string, mib int) string {
 	e.t.Helper()
 	out := e.exec(name, "sh", "-c", "dd if=/dev/urandom of="+file+" bs=1M count="+strconv.Itoa(mib)+" 2>/dev/null; md5sum "+file)
 	return strings.Fields(out)[0]
+}
+
+// devStateFormat returns the device-state format template id's manifest
+// records ("" for a migration stream).
+func (e *env) devStateFormat(id string) string {
+	e.t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.stateDir, "templates", id, "manifest.json"))
+	if err != nil {
+		e.t.Fatalf("template %s: %v", id, err)
+	}
+	var tpl vmfork.Template
+	if err := json.Unmarshal(b, &tpl); err != nil {
+		e.t.Fatalf("template %s manifest: %v", id, err)
+	}
+	return tpl.Manifest.DevStateFormat
 }
 
 func (e *env) md5(name, file string) string {
@@ -76,6 +94,11 @@ func TestFlatPauseContinues(t *testing.T) {
 	}
 	tpl1 := filepath.Join(e.memDir, res.Template+".ram")
 	sum1 := fileSHA256(t, tpl1)
+	// Its whole memory is in the template's RAM file, so the device state
+	// is the device sections alone, saved with no migration.
+	if f := e.devStateFormat(res.Template); f != vmfork.DevStateDevices {
+		t.Errorf("template %s: device state format %q, want %q", res.Template, f, vmfork.DevStateDevices)
+	}
 	for _, n := range []string{"src", "c1"} {
 		if got := strings.TrimSpace(e.exec(n, "cat", "/run/counter.pid")); got != pid {
 			t.Errorf("%s: counter pid %s, want %s", n, got, pid)

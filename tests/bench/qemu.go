@@ -72,7 +72,7 @@ func (e *Env) spawnFromTemplate(ctx context.Context, child, label string) (q *ba
 	}
 	defer logf.Close()
 	q.spawnT = time.Now()
-	cmd := exec.Command("qemu-system-x86_64", qemudrv.Argv(&m, qemudrv.ArgvOptions{Incoming: true})...)
+	cmd := exec.Command("qemu-system-x86_64", qemudrv.Argv(&m, qemudrv.ArgvOptions{Incoming: true, DevicesOnly: tpl.Manifest.DevStateFormat != ""})...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a Ctrl-C in the terminal is for the harness,
 	// which then kills this QEMU itself on the way out.

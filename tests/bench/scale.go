@@ -245,9 +245,11 @@ func dirAllocated(dir string) int64 {
 	return n
 }
 
-// pauseFloor pauses machine name for stop, a device-state save with
-// x-ignore-shared into a scratch file, and cont, and returns how long it was
-// paused: the floor of any freeze of it.
+// pauseFloor pauses machine name for stop, a device-state save into a
+// scratch file, and cont, and returns how long it was paused: the floor of
+// any freeze of it. The save is the one a fork of it makes: the device
+// sections alone (qmp.SaveDevices) where the guest has no RAM block outside
+// its memory file, else a migration stream with x-ignore-shared.
 func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	m, err := e.mgr.Store.LoadMachine(name)
 	if err != nil {
@@ -263,7 +265,17 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	}
 	scratch := filepath.Join(m.Paths.Dir, "floor.devstate")
 	defer os.Remove(scratch)
-	release, err := qmp.CreateSaveFile(ctx, mon, "floor", scratch)
+	save := func(ctx context.Context) error { return qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond) }
+	var release func()
+	shared, qerr := sharedmem.QOMShare(ctx, mon, "pc.ram")
+	if blocks, berr := qmp.NonRAMBlocks(ctx, mon, "pc.ram"); berr == nil && qerr == nil && len(blocks) == 0 && shared {
+		var file string
+		if file, release, err = qmp.CreateDevicesFile(ctx, mon, scratch); err == nil {
+			save = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, file) }
+		}
+	} else {
+		release, err = qmp.CreateSaveFile(ctx, mon, "floor", scratch)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
@@ -272,7 +284,7 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	if err := mon.Stop(ctx); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	serr := qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond)
+	serr := save(ctx)
 	if err := mon.Cont(context.WithoutCancel(ctx)); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: resume: %w (it may still be paused)", name, err)
 	}
