@@ -5,12 +5,14 @@ package libvirtdrv
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qmp"
 )
 
 // detachTimeout bounds the wait for the guest to release one unplugged
@@ -29,6 +31,9 @@ type unpluggable struct {
 	what  string // as Check names it
 	alias string // libvirt's name for it in the live XML
 	xml   string // its definition, without alias, to attach it back
+	// ramBlock is the QEMU RAM block of its memory backend (libvirt's
+	// "shmmem-<alias>"), "" for a device without one.
+	ramBlock string
 }
 
 // detachDevices is the first step of a freeze with --detach-devices
@@ -112,7 +117,7 @@ func unpluggables(live *libvirtxml.Domain) ([]unpluggable, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, unpluggable{what: fmt.Sprintf("<shmem name='%s'>", s.Name), alias: alias, xml: x})
+		out = append(out, unpluggable{what: fmt.Sprintf("<shmem name='%s'>", s.Name), alias: alias, xml: x, ramBlock: "shmmem-" + alias})
 	}
 	for _, h := range live.Devices.Hostdevs {
 		alias := ""
@@ -148,7 +153,10 @@ func (d *Driver) unplug(ctx context.Context, dom *libvirt.Domain, u unpluggable)
 			return err
 		}
 		if !hasAlias(live, u.alias) {
-			return nil
+			gone, err := ramBlockGone(ctx, monitor{dom: dom, log: d.log}, u.ramBlock)
+			if err != nil || gone {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -156,6 +164,27 @@ func (d *Driver) unplug(ctx context.Context, dom *libvirt.Domain, u unpluggable)
 		case <-tick.C:
 		}
 	}
+}
+
+// ramBlockGone reports whether QEMU has freed the RAM block called name
+// (any device path before it). libvirt drops a <shmem> from the live XML once
+// it has deleted its memory backend, but QEMU frees the block later, after an
+// RCU grace period: a migration stream saved before then carries the block,
+// and a child, which has no such device, refuses it ("Unknown ramblock").
+func ramBlockGone(ctx context.Context, ex qmp.Executor, name string) (bool, error) {
+	if name == "" {
+		return true, nil
+	}
+	blocks, err := qmp.NonRAMBlocks(ctx, ex, ramAlias)
+	if err != nil {
+		return false, err
+	}
+	for _, b := range blocks {
+		if b == name || strings.HasSuffix(b, "/"+name) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // hasAlias reports whether the live domain still has the shmem or hostdev
