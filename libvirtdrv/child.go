@@ -54,6 +54,9 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if remap {
 		def.MemoryBacking.MemoryAccess = &libvirtxml.DomainMemoryAccess{Mode: "shared"}
 	}
+	if t.Manifest.DevStateFormat == vmfork.DevStateDevices {
+		addDevicesOnlyArgs(def)
+	}
 	x, err := def.Marshal()
 	if err != nil {
 		return fmt.Errorf("domain XML: %w", err)
@@ -161,6 +164,7 @@ func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monito
 		return err
 	}
 	got.DevStateBytes, got.RAMSharedWithChildren = t.Manifest.DevStateBytes, t.Manifest.RAMSharedWithChildren
+	got.DevStateFormat = t.Manifest.DevStateFormat
 	return got.Check(t.Manifest)
 }
 

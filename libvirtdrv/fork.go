@@ -64,28 +64,23 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, fmt.Errorf("prepare RAM: %w", err)
 	}
 	defer ram.Cleanup(ctx, mon)
-	release, err := qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
-	if err != nil {
-		return fr, err
-	}
-	defer release()
-
 	recipe := sharedmem.Recipe{
 		Source: sharedmem.PauseSource{
 			Pause:       func(ctx context.Context) error { return suspend(ctx, dom) },
 			Resume:      func(ctx context.Context) error { return resume(ctx, dom) },
 			StillPaused: vmfork.ErrStillPaused,
 		},
-		SaveDeviceState: func(ctx context.Context) error {
-			return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log))
-		},
-		QMP:      mon,
 		RAM:      ram,
 		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
 		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
 		// The Manager refuses hibernate on libvirt today; honoured anyway.
 		LeavePaused: vmfork.FreezeLeavesPaused(ctx),
 	}
+	release, err := prepareDevState(ctx, mon, t, ram, &recipe)
+	if err != nil {
+		return fr, err
+	}
+	defer release()
 	if prep.diskTarget != "" {
 		recipe.SwitchDisk = func(ctx context.Context, w *sharedmem.PauseWindow) error {
 			return d.switchDisk(ctx, dom, src, t, prep, w)
@@ -104,6 +99,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	mon.log.WithFields(logrus.Fields{
 		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
+		"devstate_format": t.Manifest.DevStateFormat,
 		// What the disk switch cost inside disk_ms, and against how long a
 		// chain: libvirt's snapshot call is most of a libvirt pause.
 		"snapshot_ms": prep.snapshotMS, "backing_chain": prep.chainLen,
@@ -138,6 +134,35 @@ func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machin
 		mon.log.WithError(p.CopyReason).Warn("no RAM remap here: the freeze copies the RAM file while paused")
 	}
 	return p, nil
+}
+
+// prepareDevState readies r's device-state save before the pause: the
+// device sections alone where devicesOnly allows it (devstate.go says why),
+// otherwise a migration stream with x-ignore-shared through the passthrough.
+func prepareDevState(ctx context.Context, mon monitor, t *vmfork.Template, ram *sharedmem.Plan, r *sharedmem.Recipe) (release func(), err error) {
+	if ram.Mode != sharedmem.Stream {
+		blocks, err := qmp.NonRAMBlocks(ctx, mon, ramAlias)
+		if devicesOnly(ram.Mode, blocks, err) {
+			name, release, err := qmp.CreateDevicesFile(ctx, mon, t.Paths.DevState)
+			if err != nil {
+				return nil, err
+			}
+			t.Manifest.DevStateFormat = vmfork.DevStateDevices
+			r.SaveDeviceState = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, name) }
+			return release, nil
+		}
+		mon.log.WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
+	}
+	release, err = qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
+	if err != nil {
+		return nil, err
+	}
+	r.SaveDeviceState = func(ctx context.Context) error {
+		return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log))
+	}
+	// A migration's end is reported before QEMU leaves finish-migrate.
+	r.QMP = mon
+	return release, nil
 }
 
 func suspend(ctx context.Context, dom *libvirt.Domain) error {
