@@ -12,6 +12,7 @@ import (
 	"libvirt.org/go/libvirt"
 
 	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/sharedmem"
 )
 
 // pauseFloorLibvirt is the floor of a fork on the libvirt driver: the same
@@ -37,7 +38,25 @@ func (e *Env) pauseFloorLibvirt(ctx context.Context, name string) (float64, erro
 	}
 	scratch := filepath.Join(e.dir, name+".floor.devstate")
 	defer os.Remove(scratch)
-	release, err := qmp.CreateSaveFile(ctx, mon, "floor", scratch)
+	// The save the driver's freeze makes: the device sections alone where
+	// the guest has no RAM block outside its memory file (libvirtdrv's
+	// prepareDevState), else a migration stream.
+	save := func(ctx context.Context) error {
+		if err := qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond); err != nil {
+			return err
+		}
+		return lvSettled(context.WithoutCancel(ctx), mon)
+	}
+	var release func()
+	shared, qerr := sharedmem.QOMShare(ctx, mon, "pc.ram")
+	if blocks, berr := qmp.NonRAMBlocks(ctx, mon, "pc.ram"); berr == nil && qerr == nil && len(blocks) == 0 && shared {
+		var file string
+		if file, release, err = qmp.CreateDevicesFile(ctx, mon, scratch); err == nil {
+			save = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, file) }
+		}
+	} else {
+		release, err = qmp.CreateSaveFile(ctx, mon, "floor", scratch)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
@@ -46,10 +65,7 @@ func (e *Env) pauseFloorLibvirt(ctx context.Context, name string) (float64, erro
 	if err := dom.Suspend(); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: virDomainSuspend: %w", name, err)
 	}
-	serr := qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond)
-	if serr == nil {
-		serr = lvSettled(context.WithoutCancel(ctx), mon)
-	}
+	serr := save(ctx)
 	if err := dom.Resume(); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: virDomainResume: %w (it may still be paused)", name, err)
 	}
