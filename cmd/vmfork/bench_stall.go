@@ -23,8 +23,9 @@ sends one byte and waits for it every --interval. Per round it measures the
 client's gaps between replies in three windows:
 
    quiet    nothing happens: the client's own noise on this host
-   floor    QEMU stop, device-state save (x-ignore-shared), cont of the
-            same source with nothing else
+   floor    QEMU stop, device-state save (as the fork saves it: the device
+            sections alone, or a migration stream), cont of the same
+            source with nothing else
    fork     vmfork fork of the source, one child, until --tail after the
             call returned (the child is then removed)
 
