@@ -27,6 +27,13 @@ import (
 // says why). The first part that fails ends the script. Parts never share
 // shell state; one that leaves something for a later one writes a file.
 //
+// A subshell is a fork, a few milliseconds in a fresh child under TCG, so a
+// short part may say Inline: it then runs in the batch's own shell and keeps
+// the contract by discipline instead: it ends with return (an exit would
+// end the batch), sets no shell option (no set -e), trap, umask, directory
+// or exported variable, and declares its variables local
+// (TestInlinePartsLeaveTheShellAlone checks the scripts).
+//
 // Timeouts: a batch runs under the sum of its steps' timeouts; when that
 // runs out the step whose part was running is the one that timed out. A
 // part that waits (DHCP) bounds its wait by its own step's timeout.
@@ -40,6 +47,9 @@ type Part struct {
 	// Only the first part with input in a batch gets it: Run starts a new
 	// batch for a second.
 	Input []byte
+	// Inline runs the part in the batch's shell, not a subshell (see
+	// above): its script returns instead of exiting.
+	Inline bool
 	// LinkUp says the host raises the child's link before this part runs,
 	// which ends the batch before it: the parts before run with the link
 	// down, this one and those after with it up.
@@ -81,14 +91,16 @@ vmfork_now() {
 	esac
 }
 vmfork_run() {
-	vmfork_n=$1 vmfork_in=$2
-	shift 2
+	vmfork_n=$1 vmfork_in=$2 vmfork_sub=$3
+	shift 3
 	printf '%s\n' "$vmfork_n" >"$VMFORK_STATUS" 2>/dev/null
 	printf '` + batchMark + ` part %s\n' "$vmfork_n"
 	printf '` + batchMark + ` part %s\n' "$vmfork_n" >&2
 	vmfork_now
 	vmfork_t0=$vmfork_ns
-	if [ "$vmfork_in" = 1 ]; then
+	if [ "$vmfork_sub" = 0 ]; then
+		if [ "$vmfork_in" = 1 ]; then "vmfork_part_$vmfork_n" "$@" <&3; else "vmfork_part_$vmfork_n" "$@"; fi
+	elif [ "$vmfork_in" = 1 ]; then
 		("vmfork_part_$vmfork_n" "$@") <&3
 	else
 		("vmfork_part_$vmfork_n" "$@")
@@ -135,7 +147,11 @@ func buildBatch(items []batchItem, status string) (script string, args []string,
 		for k := 1; k <= n; k++ {
 			fmt.Fprintf(&refs, ` "${%d}"`, k+1)
 		}
-		fmt.Fprintf(&b, "vmfork_run %d %s%s || exit 0\nshift %d\n", i+1, in, refs.String(), n+1)
+		sub := "1"
+		if it.part.Inline {
+			sub = "0"
+		}
+		fmt.Fprintf(&b, "vmfork_run %d %s %s%s || exit 0\nshift %d\n", i+1, in, sub, refs.String(), n+1)
 		args = append(args, strconv.Itoa(n))
 		args = append(args, it.part.Args...)
 	}

@@ -275,6 +275,7 @@ func TestNetworkIfupdownDhclient(t *testing.T) {
 		// The inherited client: a pid no process has (beyond pid_max).
 		g.file("/proc/99999991/comm", "dhclient\n")
 		g.file("/proc/99999991/cmdline", strings.Join(dhclientCmd, "\x00")+"\x00")
+		g.file("/proc/99999991/exe", "")
 		g.file("/proc/1/comm", "systemd\n")
 		g.file("/var/lib/dhcp/dhclient.vmfk-test0.leases", "lease { fixed-address 10.0.2.15; }\n")
 		g.file("/var/lib/dhcp/dhclient6.vmfk-test0.leases", "default-duid \"\\000\\001\";\n")

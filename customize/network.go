@@ -246,7 +246,10 @@ if [ -r $R/run/NetworkManager/NetworkManager.pid ] && read -r p <$R/run/NetworkM
 fi
 pids=
 if [ -z "$mgr" ]; then
+	# Kernel threads, most of /proc, have no exe: one stat each instead of
+	# reading their comm a byte at a time.
 	for p in $R/proc/[0-9]*; do
+		[ -e "$p/exe" ] || continue
 		read -r c <"$p/comm" 2>/dev/null || continue
 		case $c in
 		dhclient | udhcpc | dhcpcd) dhc=$c pids="$pids ${p#"$R"/proc/}" ;;
@@ -254,9 +257,23 @@ if [ -z "$mgr" ]; then
 	done
 	if [ -n "$pids" ]; then
 		set -- $pids
+		# tr, a process: every shell's read drops the NUL bytes between
+		# the arguments.
 		cmd=$(tr '\0' ' ' <"$R/proc/$1/cmdline" 2>/dev/null || true)
 		set -- $cmd
-		case ${1-} in /*) p=$R$1 ;; *) p=$(command -v "${1-}" || true) ;; esac
+		# Its program, found on PATH as command -v would, without the
+		# fork of a command substitution.
+		p=
+		case ${1-} in
+		/*) p=$R$1 ;;
+		?*)
+			IFS=: d=
+			for d in $PATH; do
+				if [ -f "${d:-.}/$1" ] && [ -x "${d:-.}/$1" ]; then p=${d:-.}/$1 && break; fi
+			done
+			unset IFS
+			;;
+		esac
 		if [ "$mode" = dhcp ] && [ "$custom" != 1 ] && { [ -z "$p" ] || [ ! -x "$p" ]; }; then
 			echo "the guest has no ${1:-$dhc} any more, the DHCP client ($dhc) that configured $nic: install it (isc-dhcp-client for dhclient), set network.dhcp_command, use --network static or none, or --skip-step vmfork.network" >&2
 			exit 101
@@ -291,7 +308,15 @@ else
 	how="${how:+$how; }lease files emptied"
 fi
 if [ -w "$R/proc/sys/net/ipv4/conf/$nic/arp_notify" ]; then echo 1 >"$R/proc/sys/net/ipv4/conf/$nic/arp_notify"; fi
-ip link set dev "$nic" down
+# Down by writing the NIC's flags without IFF_UP to sysfs, which is what
+# ip link set down does (the kernel's dev_change_flags) without a process;
+# ip where the file is missing or does not take it.
+fl=
+read -r fl <"$R/sys/class/net/$nic/flags" 2>/dev/null || true
+case $fl in 0x[0-9a-fA-F]*) ;; *) fl= ;; esac
+if [ -z "$fl" ] || ! { echo "$((fl & ~1))" >"$R/sys/class/net/$nic/flags"; } 2>/dev/null; then
+	ip link set dev "$nic" down
+fi
 if [ "$mode" != none ]; then ip -4 addr flush dev "$nic"; fi
 ip link set dev "$nic" address "$mac" up
 case $mode in

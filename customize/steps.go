@@ -59,27 +59,29 @@ func RNGStep() Step {
 // rngScript prints "reseeded" or "uninitialized" (the CRNG was not yet
 // seeded at the fork; it will be seeded from the input pool, which the new
 // GUID went into). A grandchild also sees its parent's log line, which is
-// fine: its kernel has the driver and its GUID changed.
-const rngScript = `set -- $R/sys/bus/acpi/drivers/vmgenid/*:*
+// fine: its kernel has the driver and its GUID changed. It runs inline (no
+// subshell, see batch.go): it returns, and its variables are local. dmesg
+// is its one process: no shell builtin reads the kernel log.
+const rngScript = `local i=0 log=
+set -- $R/sys/bus/acpi/drivers/vmgenid/*:*
 if [ ! -e "$1" ]; then
 	echo "the guest kernel has no vmgenid driver (CONFIG_VMGENID): the child would keep its siblings' random state; boot a kernel with CONFIG_VMGENID=y (Debian's generic one has it), or --skip-step vmfork.rng" >&2
-	exit 101
+	return 101
 fi
-i=0
 while :; do
 	if ! log=$(dmesg 2>&1); then
 		echo "cannot read the kernel log to confirm the CRNG reseed: $log" >&2
-		exit 1
+		return 1
 	fi
 	case $log in
-	*"crng reseeded due to virtual machine fork"*) echo reseeded; exit 0 ;;
+	*"crng reseeded due to virtual machine fork"*) echo reseeded; return 0 ;;
 	*"crng init done"*) ;;
-	*) echo uninitialized; exit 0 ;;
+	*) echo uninitialized; return 0 ;;
 	esac
 	i=$((i + 1))
 	if [ "$i" -ge ` + reseedConfirmWait + ` ]; then
 		echo "the kernel log shows no CRNG reseed after the vmgenid change" >&2
-		exit 101
+		return 101
 	fi
 	sleep 0.1
 done`
@@ -92,7 +94,7 @@ func partsRNG(_ context.Context, env *Env) ([]*Part, error) {
 	if strings.EqualFold(c.VMGenID, c.TemplateVMGenID) {
 		return nil, fmt.Errorf("the child has its template's vmgenid %s, so its kernel would not reseed", c.VMGenID)
 	}
-	return []*Part{{Script: rngScript, Done: func(env *Env, out string) error {
+	return []*Part{{Script: rngScript, Inline: true, Done: func(env *Env, out string) error {
 		switch strings.TrimSpace(out) {
 		case "reseeded":
 			env.Detailf("kernel CRNG reseeded from vmgenid %s", c.VMGenID)
@@ -145,7 +147,7 @@ func HostnameStep(pattern string) Step {
 			return nil, err
 		}
 		env.hostname = h
-		return []*Part{{Script: hostnameScript, Args: []string{h}, Done: func(env *Env, out string) error {
+		return []*Part{{Script: hostnameScript, Inline: true, Args: []string{h}, Done: func(env *Env, out string) error {
 			env.Result.Hostname = h
 			env.Detailf("%s (%s)", h, strings.TrimSpace(out))
 			return nil
@@ -163,10 +165,9 @@ func HostnameStep(pattern string) Step {
 // tried only when the system bus's socket is there, and its failure falls
 // back to the files. Files are rewritten in place (>), never replaced:
 // qemu-ga runs commands with umask 077, and a new /etc/hosts would be
-// unreadable to everyone but root.
-const hostnameScript = replaceHostFunc + `set -e
-new=$1 old= cur= how=
-uts=$R/proc/sys/kernel/hostname
+// unreadable to everyone but root. It runs inline (no subshell, see
+// batch.go): every command that may fail returns its status.
+const hostnameScript = replaceHostFunc + `local new=$1 old= cur= how= err= uts=$R/proc/sys/kernel/hostname
 if [ -r "$uts" ]; then read -r old <"$uts" || :; else old=$(hostname 2>/dev/null || true); fi
 if [ -d $R/run/systemd/system ] && [ -S $R/run/dbus/system_bus_socket ] && command -v hostnamectl >/dev/null 2>&1; then
 	if err=$(hostnamectl set-hostname "$new" 2>&1); then
@@ -183,15 +184,15 @@ if [ "$how" != hostnamectl ]; then
 	if [ "$cur" != "$new" ]; then
 		if ! command -v hostname >/dev/null 2>&1; then
 			echo "cannot set the kernel's hostname: $R/proc/sys/kernel/hostname did not take it and the guest has no hostname command (install hostname, or --skip-step vmfork.hostname)" >&2
-			exit 101
+			return 101
 		fi
-		hostname "$new"
+		hostname "$new" || return
 	fi
-	if [ -e $R/etc/hostname ]; then printf '%s\n' "$new" >$R/etc/hostname; fi
+	if [ -e $R/etc/hostname ]; then printf '%s\n' "$new" >$R/etc/hostname || return; fi
 	: "${how:=$R/etc/hostname and the kernel's name}"
 fi
 if [ -n "$old" ] && [ "$old" != "$new" ] && [ -f $R/etc/hosts ]; then
-	replace_host $R/etc/hosts "$old" "$new"
+	replace_host $R/etc/hosts "$old" "$new" || return
 	how="$how, $R/etc/hosts"
 fi
 printf '%s\n' "$how"`
@@ -204,16 +205,17 @@ printf '%s\n' "$how"`
 // with shell builtins only: lines it changes have their fields joined by
 // single spaces, other lines stay as they are, and FILE is written only if
 // a line changed. A file of more than hostsMaxLines lines, too slow for a
-// shell loop, goes through that awk program instead.
+// shell loop, goes through that awk program instead. It returns the status
+// of what failed, and its variables are local: the hostname part runs inline.
 const replaceHostFunc = `replace_host() {
-	_f=$1 _old=$2 _new=$3 _out= _hit= _n=0
+	local _f=$1 _old=$2 _new=$3 _out= _hit= _n=0 _l= _r= _m= _w= _rc=0
 	while IFS= read -r _l || [ -n "$_l" ]; do
 		_n=$((_n + 1))
 		if [ "$_n" -gt ` + hostsMaxLines + ` ]; then
-			awk -v old="$_old" -v new="$_new" '{ for (i = 2; i <= NF; i++) if ($i == old) $i = new; print }' "$_f" >"$_f.vmfork"
-			cat "$_f.vmfork" >"$_f"
+			awk -v old="$_old" -v new="$_new" '{ for (i = 2; i <= NF; i++) if ($i == old) $i = new; print }' "$_f" >"$_f.vmfork" &&
+				cat "$_f.vmfork" >"$_f" || _rc=$?
 			rm -f "$_f.vmfork"
-			return
+			return "$_rc"
 		fi
 		set -f
 		# shellcheck disable=SC2086 # split into fields, as awk does
@@ -309,7 +311,7 @@ func MachineIDStep() Step {
 			return nil, err
 		}
 		id := hex.EncodeToString(b[:])
-		return []*Part{{Script: machineIDScript, Args: []string{id}, Done: func(env *Env, out string) error {
+		return []*Part{{Script: machineIDScript, Inline: true, Args: []string{id}, Done: func(env *Env, out string) error {
 			env.Result.MachineID = id
 			env.Detailf("%s (%s)", id, strings.TrimSpace(out))
 			return nil
@@ -319,10 +321,11 @@ func MachineIDStep() Step {
 
 // machineIDScript: systemctl reaches PID 1 over its private socket, so it
 // works without D-Bus; --no-block queues the restart instead of waiting for
-// it, which keeps journald's start out of the chain.
-const machineIDScript = `if [ ! -e $R/etc/machine-id ]; then echo "the guest has no $R/etc/machine-id"; exit 100; fi
-printf '%s\n' "$1" >$R/etc/machine-id || exit 1
-how=$R/etc/machine-id
+// it, which keeps journald's start out of the chain. It runs inline (no
+// subshell, see batch.go).
+const machineIDScript = `if [ ! -e $R/etc/machine-id ]; then echo "the guest has no $R/etc/machine-id"; return 100; fi
+printf '%s\n' "$1" >$R/etc/machine-id || return 1
+local how=$R/etc/machine-id
 if [ -f $R/var/lib/dbus/machine-id ] && [ ! -L $R/var/lib/dbus/machine-id ]; then
 	printf '%s\n' "$1" >$R/var/lib/dbus/machine-id && how="$how, $R/var/lib/dbus/machine-id (a copy)"
 fi

@@ -1,0 +1,131 @@
+package customize
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// Each process a part starts costs tens of milliseconds in a fresh child
+// under TCG; these tests hold the ways the parts avoid them.
+
+// An inline part runs in the batch's own shell (batch.go): it must leave
+// that shell as it found it.
+func TestInlinePartsLeaveTheShellAlone(t *testing.T) {
+	forbidden := regexp.MustCompile(`(^|[\s;&|(])(exit|set -e|umask|trap|cd|export)($|[\s;])`)
+	for name, script := range map[string]string{"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript} {
+		if m := forbidden.FindString(script); m != "" {
+			t.Errorf("%s: inline part uses %q", name, strings.TrimSpace(m))
+		}
+		if !strings.Contains(script, "local ") {
+			t.Errorf("%s: inline part declares no local variables", name)
+		}
+	}
+	env := &Env{Child: testChild(1)}
+	for _, s := range []Step{RNGStep(), HostnameStep("h{n}"), MachineIDStep()} {
+		parts, err := s.Parts(t.Context(), env)
+		if err != nil || len(parts) != 1 || !parts[0].Inline {
+			t.Errorf("%s: parts %v (%v), want one inline part", s.Name, parts, err)
+		}
+	}
+}
+
+// Inline and subshell parts in one batch, on the host's dash and busybox
+// sh: an inline part's locals, positional parameters and status stay its
+// own, and a part that fails still ends the batch.
+func TestInlinePartsInABatch(t *testing.T) {
+	items := []batchItem{
+		{part: &Part{Inline: true, Script: `local v=inline; set -- x y z; echo "$v $#"; return 100`, Args: []string{"a"}}},
+		{part: &Part{Script: `echo "${v-unset} $# $1"; case $- in *e*) echo "set -e leaked" ;; esac`, Args: []string{"b"}}},
+		{part: &Part{Inline: true, Script: `local w; w=$1; echo "$w"; false`, Args: []string{"c"}}},
+		{part: &Part{Script: `echo never`}},
+	}
+	for _, sh := range hostShells(t) {
+		status := filepath.Join(t.TempDir(), "status")
+		script, args, _ := buildBatch(items, status)
+		out, errs, code := runShell(t, sh, script, args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", sh[0], code, errs)
+		}
+		got := parseBatch(len(items), []byte(out), []byte(errs))
+		want := []struct {
+			code int
+			out  string
+		}{{exitNothingToDo, "inline 3"}, {0, "unset 1 b"}, {1, "c"}}
+		for i, w := range want {
+			if !got[i].ran || got[i].code != w.code || strings.TrimSpace(got[i].stdout) != w.out {
+				t.Errorf("%s: part %d: %+v, want code %d and %q", sh[0], i+1, got[i], w.code, w.out)
+			}
+		}
+		if got[3].ran {
+			t.Errorf("%s: a part ran after one failed", sh[0])
+		}
+	}
+}
+
+// The NIC goes down through sysfs (no ip process) where its flags file
+// takes it, and the rest of the sequence is unchanged.
+func TestNetworkDownThroughSysfs(t *testing.T) {
+	eachShell(t, func(t *testing.T, g *guestTree, sh []string) {
+		nicTree(g, "10.0.2.16/24")
+		g.file("/sys/class/net/vmfk-test0/flags", "0x1003\n")
+		g.stub("udhcpc", `s=; while [ $# -gt 0 ]; do [ "$1" = -s ] && s=$2; shift; done; [ -x "$s" ]`)
+		_, res, err := runOn(t, g, sh, netAgent("10.0.2.16/24"), NetworkStep(NetworkSpec{}))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, g.calls())
+		}
+		calls := g.calls()
+		if got := g.read("/sys/class/net/vmfk-test0/flags"); got != "4098\n" {
+			t.Errorf("flags %q, want 4098 (0x1003 without IFF_UP)", got)
+		}
+		if strings.Contains(calls, "ip link set dev vmfk-test0 down") {
+			t.Errorf("ip ran to take the link down:\n%s", calls)
+		}
+		mac := testChild(2).MAC
+		if !before(calls, "ip -4 addr flush dev vmfk-test0", "ip link set dev vmfk-test0 address "+mac+" up") ||
+			!before(calls, "ip link set dev vmfk-test0 address "+mac+" up", "LINK up") ||
+			!strings.Contains(res.Steps[0].Detail, "udhcpc -q") {
+			t.Errorf("detail %q, calls:\n%s", res.Steps[0].Detail, calls)
+		}
+	})
+}
+
+// A DHCP client started by name (not path) is found on PATH without a
+// command substitution, restarted as it ran, and reported missing when it
+// is gone; a /proc entry without exe (a kernel thread) is never taken for
+// a client.
+func TestNetworkClientStartedByName(t *testing.T) {
+	eachShell(t, func(t *testing.T, g *guestTree, sh []string) {
+		nicTree(g, "10.0.2.16/24")
+		argv := []string{"udhcpc", "-i", testNIC, "-n", "-q"}
+		g.file("/proc/99999993/comm", "udhcpc\n")
+		g.file("/proc/99999993/cmdline", strings.Join(argv, "\x00")+"\x00")
+		g.file("/proc/99999993/exe", "")
+		g.file("/proc/99999994/comm", "dhclient\n") // no exe: a kernel thread
+		g.stub("udhcpc", "")
+		_, res, err := runOn(t, g, sh, netAgent("10.0.2.16/24"), NetworkStep(NetworkSpec{}))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, g.calls())
+		}
+		d := res.Steps[0].Detail
+		if !strings.Contains(d, "udhcpc (pid 99999993) stopped without a release") ||
+			!strings.Contains(d, "udhcpc restarted as it ran (udhcpc -i vmfk-test0 -n -q)") {
+			t.Errorf("detail %q", d)
+		}
+		if !strings.Contains(g.calls(), "udhcpc -i vmfk-test0 -n -q") {
+			t.Errorf("not restarted as it ran:\n%s", g.calls())
+		}
+		os.Remove(filepath.Join(g.bin, "udhcpc"))
+		os.Remove(g.log)
+		_, _, err = runOn(t, g, sh, netAgent(), NetworkStep(NetworkSpec{}))
+		want := `step "vmfork.network": the guest has no udhcpc any more, the DHCP client (udhcpc) that configured vmfk-test0: install it (isc-dhcp-client for dhclient), set network.dhcp_command, use --network static or none, or --skip-step vmfork.network`
+		if err == nil || err.Error() != want {
+			t.Errorf("client gone:\n got %v\nwant %s", err, want)
+		}
+		if strings.Contains(g.calls(), "LINK up") {
+			t.Errorf("the link went up for a client the guest lacks:\n%s", g.calls())
+		}
+	})
+}
