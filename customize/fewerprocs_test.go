@@ -129,3 +129,46 @@ func TestNetworkClientStartedByName(t *testing.T) {
 		}
 	})
 }
+
+// iproute2's ip flushes and sets the new MAC in one process (-batch);
+// busybox's ip, which has no -batch, and an ip whose batch fails get the
+// two commands, in the same order.
+func TestNetworkFlushAndMACInOneIP(t *testing.T) {
+	mac := testChild(2).MAC
+	flush, up := "ip -4 addr flush dev vmfk-test0", "ip link set dev vmfk-test0 address "+mac+" up"
+	for _, c := range []struct {
+		name  string
+		setup func(g *guestTree)
+		batch bool
+	}{
+		{"iproute2", func(*guestTree) {}, true},
+		{"busybox", func(g *guestTree) {
+			// ip is busybox (a link to it), as on the test guest.
+			g.dir("/bin")
+			if err := os.Link(filepath.Join(g.bin, "ip"), g.root+"/bin/busybox"); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"batch fails", func(g *guestTree) {
+			g.stub("ip", `case "$*" in *-batch*) exit 1 ;; *"addr show"*) echo "2: vmfk-test0    inet 10.0.2.16/24 scope global vmfk-test0" ;; esac`)
+		}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			eachShell(t, func(t *testing.T, g *guestTree, sh []string) {
+				nicTree(g, "10.0.2.16/24")
+				g.stub("udhcpc", `s=; while [ $# -gt 0 ]; do [ "$1" = -s ] && s=$2; shift; done; [ -x "$s" ]`)
+				c.setup(g)
+				if _, _, err := runOn(t, g, sh, netAgent("10.0.2.16/24"), NetworkStep(NetworkSpec{})); err != nil {
+					t.Fatalf("%v\n%s", err, g.calls())
+				}
+				calls := g.calls()
+				if strings.Contains(calls, "ip -4 -batch -") != c.batch {
+					t.Errorf("ip -batch tried: %v, want %v:\n%s", !c.batch, c.batch, calls)
+				}
+				if !before(calls, flush, up) || !before(calls, up, "LINK up") {
+					t.Errorf("%q, then %q, then the link, not in:\n%s", flush, up, calls)
+				}
+			})
+		})
+	}
+}

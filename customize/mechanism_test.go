@@ -251,7 +251,16 @@ func nicTree(g *guestTree, addr string) {
 	g.file("/sys/class/net/vmfk-test0/ifindex", "2\n")
 	g.file("/sys/class/net/vmfk-test0/operstate", "up\n")
 	g.file("/proc/sys/net/ipv4/conf/vmfk-test0/arp_notify", "0\n")
-	g.stub("ip", `case "$*" in *"addr show"*) echo "2: vmfk-test0    inet `+addr+` brd 10.0.2.255 scope global vmfk-test0" ;; esac`)
+	g.stub("ip", ipStub(addr))
+}
+
+// ipStub is iproute2's ip as the tests see it: "addr show" shows addr, and
+// -batch logs each command it reads as the command line it stands for.
+func ipStub(addr string) string {
+	return `case "$*" in
+*"addr show"*) echo "2: vmfk-test0    inet ` + addr + ` brd 10.0.2.255 scope global vmfk-test0" ;;
+"-4 -batch -") while read -r l; do case $l in addr*) echo "ip -4 $l" ;; *) echo "ip $l" ;; esac >>"$STUBROOT/stub.log"; done ;;
+esac`
 }
 
 func netAgent(addrs ...string) *hostAgent {
