@@ -6,25 +6,16 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork/qmp"
-	"github.com/vmfork/vmfork/sharedmem"
 )
 
 // The device state of a libvirt fork is saved as the device sections alone
-// (qmp.SaveDevices) where it can be, as on the embedded driver. On libvirt it
+// (qmp.SaveDevices) where it can be, as on the embedded driver
+// (qmp.PrepareDeviceState decides, prepareDevState in fork.go). On libvirt it
 // matters more: the migration stream's end inactivates every block node of
 // the source, and the cont inside virDomainResume then reopens each layer of
 // the disk's chain (QEMU 7.2's bdrv_activate_all), so the pause grew by ~0.7
 // ms per fork depth (docs/FLATPAUSE.md, libvirt depth); and each query-migrate
 // poll of the migration is a libvirtd RPC.
-
-// devicesOnly reports whether a freeze whose RAM plan is mode may save the
-// device sections alone: the template's RAM file must then hold all of the
-// guest's memory that a child cannot rebuild. blocks and err are what
-// qmp.NonRAMBlocks said of the source's QEMU; a block it names (a display's
-// video RAM) is only in a migration stream, as all of RAM is under Stream.
-func devicesOnly(mode sharedmem.Mode, blocks []string, err error) bool {
-	return mode != sharedmem.Stream && err == nil && len(blocks) == 0
-}
 
 // addDevicesOnlyArgs readies a child's QEMU for a device state of the device
 // sections alone (qmp.DevicesOnlyArgs), once: a child of a child inherits

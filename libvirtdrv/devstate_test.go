@@ -1,38 +1,13 @@
 package libvirtdrv
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork/qmp"
-	"github.com/vmfork/vmfork/sharedmem"
 )
-
-func TestDevicesOnly(t *testing.T) {
-	for _, tc := range []struct {
-		mode   sharedmem.Mode
-		blocks []string
-		err    error
-		want   bool
-	}{
-		{sharedmem.First, nil, nil, true},
-		{sharedmem.Diff, nil, nil, true},
-		{sharedmem.Copy, nil, nil, true},
-		// share=off: the stream is the only copy of RAM.
-		{sharedmem.Stream, nil, nil, false},
-		// A guest-writable block no child rebuilds.
-		{sharedmem.First, []string{"vga.vram"}, nil, false},
-		// QEMU could not tell: the migration stream, which carries everything.
-		{sharedmem.Diff, nil, errors.New("list RAM blocks: unexpected output"), false},
-	} {
-		if got := devicesOnly(tc.mode, tc.blocks, tc.err); got != tc.want {
-			t.Errorf("devicesOnly(%v, %q, %v) = %v, want %v", tc.mode, tc.blocks, tc.err, got, tc.want)
-		}
-	}
-}
 
 func args(d *libvirtxml.Domain) string {
 	var v []string

@@ -136,33 +136,25 @@ func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machin
 	return p, nil
 }
 
-// prepareDevState readies r's device-state save before the pause: the
-// device sections alone where devicesOnly allows it (devstate.go says why),
-// otherwise a migration stream with x-ignore-shared through the passthrough.
+// prepareDevState readies r's device-state save before the pause
+// (qmp.PrepareDeviceState, as on the embedded driver; devstate.go says why it
+// matters more here), through the passthrough, and records its format in t's
+// manifest. A child's domain keeps qmp.DevicesOnlyArgs from its source's
+// XML, so a migration stream it saves has no configuration section either,
+// and its children have the arguments too.
 func prepareDevState(ctx context.Context, mon monitor, t *vmfork.Template, ram *sharedmem.Plan, r *sharedmem.Recipe) (release func(), err error) {
-	if ram.Mode != sharedmem.Stream {
-		blocks, err := qmp.NonRAMBlocks(ctx, mon, ramAlias)
-		if devicesOnly(ram.Mode, blocks, err) {
-			name, release, err := qmp.CreateDevicesFile(ctx, mon, t.Paths.DevState)
-			if err != nil {
-				return nil, err
-			}
-			t.Manifest.DevStateFormat = vmfork.DevStateDevices
-			r.SaveDeviceState = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, name) }
-			return release, nil
-		}
-		mon.log.WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
-	}
-	release, err = qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
+	s, err := qmp.PrepareDeviceState(ctx, mon, t.Paths.DevState, devStateFD, ramAlias, ram.Mode != sharedmem.Stream, migrationPoll, qmp.WithLogger(mon.log))
 	if err != nil {
 		return nil, err
 	}
-	r.SaveDeviceState = func(ctx context.Context) error {
-		return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(mon.log))
+	r.SaveDeviceState = s.Save
+	if s.DevicesOnly {
+		t.Manifest.DevStateFormat = vmfork.DevStateDevices
+	} else {
+		// A migration's end is reported before QEMU leaves finish-migrate.
+		r.QMP = mon
 	}
-	// A migration's end is reported before QEMU leaves finish-migrate.
-	r.QMP = mon
-	return release, nil
+	return s.Release, nil
 }
 
 func suspend(ctx context.Context, dom *libvirt.Domain) error {

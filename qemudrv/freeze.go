@@ -112,47 +112,31 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	return fr, nil
 }
 
-// prepareDevState readies the device-state save of r, before the pause. The
-// device sections alone (qmp.SaveDevices: no migration, a shorter pause)
-// when the template's RAM file will hold all of the guest's memory that a
-// child cannot rebuild; otherwise, or when QEMU cannot tell, a migration
-// stream with x-ignore-shared, which also carries the other RAM blocks
-// (all of RAM for a share=off source).
+// prepareDevState readies the device-state save of r, before the pause
+// (qmp.PrepareDeviceState: the device sections alone when the template's RAM
+// file will hold all of the guest's writable memory, else a migration
+// stream), and records its format in t's manifest.
 func (d *Driver) prepareDevState(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, ram *sharedmem.Plan, r *sharedmem.Recipe) (release func(), err error) {
 	log := d.log.WithField("machine", src.Name)
-	devicesOnly := ram.Mode != sharedmem.Stream
-	if devicesOnly {
-		blocks, err := qmp.NonRAMBlocks(ctx, mon, ramID)
-		if err != nil || len(blocks) > 0 {
-			log.WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
-			devicesOnly = false
-		}
-	}
-	if devicesOnly {
-		name, release, err := qmp.CreateDevicesFile(ctx, mon, t.Paths.DevState)
-		if err != nil {
-			return nil, err
-		}
-		t.Manifest.DevStateFormat = vmfork.DevStateDevices
-		r.SaveDeviceState = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, name) }
-		return release, nil
-	}
-	release, err = qmp.CreateSaveFile(ctx, mon, devStateFD, t.Paths.DevState)
+	s, err := qmp.PrepareDeviceState(ctx, mon, t.Paths.DevState, devStateFD, ramID, ram.Mode != sharedmem.Stream, migrationPoll, qmp.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
-	r.SaveDeviceState = func(ctx context.Context) error {
-		return qmp.SaveDeviceState(ctx, mon, devStateFD, migrationPoll, qmp.WithLogger(log))
-	}
-	// A migration's end is reported before QEMU leaves finish-migrate.
-	r.QMP = mon
-	if d.procs.alive(src.PID, qmp.DevicesOnlyArgs[1]) {
+	r.SaveDeviceState = s.Save
+	switch {
+	case s.DevicesOnly:
+		t.Manifest.DevStateFormat = vmfork.DevStateDevices
+	case d.procs.alive(src.PID, qmp.DevicesOnlyArgs[1]):
 		// A child of a devices-only template (its command line has
 		// send-configuration=off) saves no configuration section; its
 		// children must not expect one.
 		t.Manifest.DevStateFormat = vmfork.DevStateNoConfig
+		r.QMP = mon
+	default:
+		// A migration's end is reported before QEMU leaves finish-migrate.
+		r.QMP = mon
 	}
-	return release, nil
+	return s.Release, nil
 }
 
 func (d *Driver) checkFreeze(src *vmfork.Machine) error {

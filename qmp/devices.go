@@ -131,3 +131,53 @@ func SaveDevices(ctx context.Context, ex Executor, name string) error {
 	}
 	return nil
 }
+
+// DeviceStateSave is a device-state save readied before the pause
+// (PrepareDeviceState).
+type DeviceStateSave struct {
+	// DevicesOnly says Save writes the device sections alone (SaveDevices).
+	// Otherwise it writes a migration stream, whose end QEMU reports a
+	// moment before it leaves finish-migrate: the caller waits for that
+	// before it resumes the VM.
+	DevicesOnly bool
+	// Save writes the file; the VM must be paused.
+	Save func(ctx context.Context) error
+	// Release lets QEMU's copy of the file go; call it once the save is
+	// over or did not happen.
+	Release func()
+}
+
+// PrepareDeviceState creates the device-state file at path, which must not
+// exist yet, and readies its save, the same way on every driver: the device
+// sections alone when ramInFile (the guest's memory is kept in a file of its
+// own: QEMU's RAM block ramBlock is share=on and the freeze freezes its file)
+// and QEMU has no other RAM block but ROMs (NonRAMBlocks); otherwise a
+// migration stream with x-ignore-shared, through the descriptor name fdName,
+// polled every poll. A failed look at the RAM blocks is not an error: the
+// migration stream is right for any guest. It logs at debug level why it
+// chose a migration stream.
+func PrepareDeviceState(ctx context.Context, ex Executor, path, fdName, ramBlock string, ramInFile bool, poll time.Duration, opts ...Option) (*DeviceStateSave, error) {
+	log := buildOptions(opts).log
+	if ramInFile {
+		blocks, err := NonRAMBlocks(ctx, ex, ramBlock)
+		if err == nil && len(blocks) == 0 {
+			name, release, err := CreateDevicesFile(ctx, ex, path)
+			if err != nil {
+				return nil, err
+			}
+			return &DeviceStateSave{
+				DevicesOnly: true, Release: release,
+				Save: func(ctx context.Context) error { return SaveDevices(ctx, ex, name) },
+			}, nil
+		}
+		log.WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
+	}
+	release, err := CreateSaveFile(ctx, ex, fdName, path)
+	if err != nil {
+		return nil, err
+	}
+	return &DeviceStateSave{
+		Release: release,
+		Save:    func(ctx context.Context) error { return SaveDeviceState(ctx, ex, fdName, poll, opts...) },
+	}, nil
+}

@@ -3,20 +3,38 @@ package qmp
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 )
 
-// hmpExecutor answers human-monitor-command with out.
-type hmpExecutor struct{ out string }
+// hmpExecutor answers human-monitor-command with out (or fails it with
+// err), add-fd with fd set 7, and anything else with nothing.
+type hmpExecutor struct {
+	out string
+	err error
+}
 
 func (h hmpExecutor) Execute(_ context.Context, cmd string, _, result any) error {
+	if cmd != "human-monitor-command" {
+		return nil
+	}
+	if h.err != nil {
+		return h.err
+	}
 	b, _ := json.Marshal(h.out)
 	return json.Unmarshal(b, result)
 }
 
-func (h hmpExecutor) ExecuteWithFile(context.Context, string, any, *os.File, any) error { return nil }
+func (h hmpExecutor) ExecuteWithFile(_ context.Context, cmd string, _ any, _ *os.File, result any) error {
+	if cmd == "add-fd" {
+		return json.Unmarshal([]byte(`{"fdset-id": 7, "fd": 30}`), result)
+	}
+	return nil
+}
 
 // QEMU 7.2's "info ramblock" of the test guest (q35, virtio-net with its
 // option ROM), as read from a running machine.
@@ -46,12 +64,46 @@ func TestNonRAMBlocks(t *testing.T) {
 		{name: "empty", out: "", shared: "pc.ram", wantErr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := NonRAMBlocks(t.Context(), hmpExecutor{tc.out}, tc.shared)
+			got, err := NonRAMBlocks(t.Context(), hmpExecutor{out: tc.out}, tc.shared)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("blocks = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPrepareDeviceState checks which save a freeze gets: the device
+// sections alone only when the guest's memory is in its own file and QEMU has
+// no other writable RAM block; the migration stream otherwise, also when QEMU
+// cannot tell.
+func TestPrepareDeviceState(t *testing.T) {
+	vga := ramblocks + "                vga.vram    4 KiB  0x0000000020400000 0x0000000001000000 0x0000000001000000\n"
+	for _, tc := range []struct {
+		name      string
+		ex        hmpExecutor
+		ramInFile bool
+		want      bool
+	}{
+		{"ROMs only", hmpExecutor{out: ramblocks}, true, true},
+		{"share=off: RAM only in the stream", hmpExecutor{out: ramblocks}, false, false},
+		{"video RAM", hmpExecutor{out: vga}, true, false},
+		{"QEMU cannot tell", hmpExecutor{err: errors.New("no HMP")}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "devstate")
+			s, err := PrepareDeviceState(t.Context(), tc.ex, path, "vmfork-devstate", "pc.ram", tc.ramInFile, time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Release()
+			if s.DevicesOnly != tc.want || s.Save == nil {
+				t.Errorf("DevicesOnly = %v (save %v), want %v", s.DevicesOnly, s.Save != nil, tc.want)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("device-state file not made: %v", err)
 			}
 		})
 	}

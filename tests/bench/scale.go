@@ -11,6 +11,7 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // ScaleOptions choose the two sweeps: guest RAM with one child per call,
@@ -265,26 +266,20 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	}
 	scratch := filepath.Join(m.Paths.Dir, "floor.devstate")
 	defer os.Remove(scratch)
-	save := func(ctx context.Context) error { return qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond) }
-	var release func()
-	shared, qerr := sharedmem.QOMShare(ctx, mon, "pc.ram")
-	if blocks, berr := qmp.NonRAMBlocks(ctx, mon, "pc.ram"); berr == nil && qerr == nil && len(blocks) == 0 && shared {
-		var file string
-		if file, release, err = qmp.CreateDevicesFile(ctx, mon, scratch); err == nil {
-			save = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, file) }
-		}
-	} else {
-		release, err = qmp.CreateSaveFile(ctx, mon, "floor", scratch)
-	}
+	shared, err := sharedmem.QOMShare(ctx, mon, templates.RAMBlock)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	defer release()
+	save, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", templates.RAMBlock, shared, 2*time.Millisecond)
+	if err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
+	defer save.Release()
 	start := time.Now()
 	if err := mon.Stop(ctx); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	serr := save(ctx)
+	serr := save.Save(ctx)
 	if err := mon.Cont(context.WithoutCancel(ctx)); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: resume: %w (it may still be paused)", name, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
+	"github.com/vmfork/vmfork/templates"
 )
 
 // pauseFloorLibvirt is the floor of a fork on the libvirt driver: the same
@@ -38,29 +39,22 @@ func (e *Env) pauseFloorLibvirt(ctx context.Context, name string) (float64, erro
 	}
 	scratch := filepath.Join(e.dir, name+".floor.devstate")
 	defer os.Remove(scratch)
-	// The save the driver's freeze makes: the device sections alone where
-	// the guest has no RAM block outside its memory file (libvirtdrv's
-	// prepareDevState), else a migration stream.
+	// The save the driver's freeze makes (qmp.PrepareDeviceState).
+	shared, err := sharedmem.QOMShare(ctx, mon, templates.RAMBlock)
+	if err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
+	prep, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", templates.RAMBlock, shared, 2*time.Millisecond)
+	if err != nil {
+		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
+	}
 	save := func(ctx context.Context) error {
-		if err := qmp.SaveDeviceState(ctx, mon, "floor", 2*time.Millisecond); err != nil {
+		if err := prep.Save(ctx); err != nil || prep.DevicesOnly {
 			return err
 		}
 		return lvSettled(context.WithoutCancel(ctx), mon)
 	}
-	var release func()
-	shared, qerr := sharedmem.QOMShare(ctx, mon, "pc.ram")
-	if blocks, berr := qmp.NonRAMBlocks(ctx, mon, "pc.ram"); berr == nil && qerr == nil && len(blocks) == 0 && shared {
-		var file string
-		if file, release, err = qmp.CreateDevicesFile(ctx, mon, scratch); err == nil {
-			save = func(ctx context.Context) error { return qmp.SaveDevices(ctx, mon, file) }
-		}
-	} else {
-		release, err = qmp.CreateSaveFile(ctx, mon, "floor", scratch)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
-	}
-	defer release()
+	defer prep.Release()
 	start := time.Now()
 	if err := dom.Suspend(); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: virDomainSuspend: %w", name, err)
