@@ -60,6 +60,35 @@ func TestFreeze(t *testing.T) {
 	if tpl.VMGenID == "" {
 		t.Errorf("template: no vmgenid recorded")
 	}
+	// share=off: all of RAM is in the migration stream, with its
+	// configuration section.
+	if tpl.Manifest.DevStateFormat != "" {
+		t.Errorf("template: device-state format %q, want a migration stream (\"\")", tpl.Manifest.DevStateFormat)
+	}
+}
+
+// TestFreezeNoConfig: a source started for a device-sections template
+// (qmp.DevicesOnlyArgs) that has to save a migration stream writes no
+// configuration section, and its template says so, so that its children get
+// the arguments too.
+func TestFreezeNoConfig(t *testing.T) {
+	q := newFakeQEMU()
+	q.args = []string{qmp.DevicesOnlyArgs[1]}
+	sock := qmptest.NewServer(t, append(freezeSteps(),
+		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
+		qmptest.Expect("query-status").Return(map[string]any{"status": "postmigrate", "running": false}),
+		qmptest.Expect("cont"),
+		closeFD,
+	)...)
+	d := testDriver(t, q)
+	tpl := fakeTemplate(t)
+	os.Remove(tpl.Paths.DevState)
+	if _, err := d.Freeze(t.Context(), fakeMachine(t, "web", sock, ""), tpl); err != nil {
+		t.Fatalf("Freeze: %v", err)
+	}
+	if tpl.Manifest.DevStateFormat != vmfork.DevStateNoConfig {
+		t.Errorf("template: device-state format %q, want %q", tpl.Manifest.DevStateFormat, vmfork.DevStateNoConfig)
+	}
 }
 
 // A freeze that fails while the source is paused resumes it (the pause

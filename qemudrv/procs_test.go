@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -25,6 +26,9 @@ type fakeQEMU struct {
 	// survives lists the signals it lives through (SIGKILL: a process
 	// stuck in the kernel).
 	survives []syscall.Signal
+	// args are markers its command line has beside its QMP socket (alive
+	// finds only those), such as qmp.DevicesOnlyArgs.
+	args []string
 }
 
 func newFakeQEMU() *fakeQEMU { return &fakeQEMU{running: true} }
@@ -57,7 +61,11 @@ func testDriver(t *testing.T, q *fakeQEMU) *Driver {
 			t.Errorf("unexpected QEMU spawn")
 			return nil, syscall.ENOSYS
 		},
-		alive: func(pid int, marker string) bool { return pid == fakePID && q.alive() },
+		alive: func(pid int, marker string) bool {
+			// Any marker is the QMP socket's path, but for QEMU arguments
+			// the fake was not started with.
+			return pid == fakePID && q.alive() && (!strings.HasPrefix(marker, "migration.") || slices.Contains(q.args, marker))
+		},
 		signal: func(pid int, sig syscall.Signal) error {
 			if pid != fakePID {
 				t.Errorf("signal %v sent to pid %d, want the fake's %d", sig, pid, fakePID)
