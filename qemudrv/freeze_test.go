@@ -32,8 +32,10 @@ func freezeSteps() []qmptest.Step {
 // the device-state descriptor is released.
 var closeFD = qmptest.Expect("closefd").WithArgs(map[string]string{"fdname": devStateFD})
 
-func TestFreeze(t *testing.T) {
-	q := newFakeQEMU()
+// freezeOK runs a freeze of a diskless share=off source of QEMU q that
+// succeeds, and returns what it made.
+func freezeOK(t *testing.T, q *fakeQEMU) (vmfork.FreezeResult, *vmfork.Template) {
+	t.Helper()
 	sock := qmptest.NewServer(t, append(freezeSteps(),
 		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
 		qmptest.Expect("query-status").Return(map[string]any{"status": "postmigrate", "running": false}),
@@ -47,6 +49,11 @@ func TestFreeze(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Freeze: %v", err)
 	}
+	return fr, tpl
+}
+
+func TestFreeze(t *testing.T) {
+	fr, tpl := freezeOK(t, newFakeQEMU())
 	if fr.Pause <= 0 {
 		t.Errorf("Freeze: pause %v, want it measured", fr.Pause)
 	}
@@ -74,18 +81,7 @@ func TestFreeze(t *testing.T) {
 func TestFreezeNoConfig(t *testing.T) {
 	q := newFakeQEMU()
 	q.args = []string{qmp.DevicesOnlyArgs[1]}
-	sock := qmptest.NewServer(t, append(freezeSteps(),
-		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
-		qmptest.Expect("query-status").Return(map[string]any{"status": "postmigrate", "running": false}),
-		qmptest.Expect("cont"),
-		closeFD,
-	)...)
-	d := testDriver(t, q)
-	tpl := fakeTemplate(t)
-	os.Remove(tpl.Paths.DevState)
-	if _, err := d.Freeze(t.Context(), fakeMachine(t, "web", sock, ""), tpl); err != nil {
-		t.Fatalf("Freeze: %v", err)
-	}
+	_, tpl := freezeOK(t, q)
 	if tpl.Manifest.DevStateFormat != vmfork.DevStateNoConfig {
 		t.Errorf("template: device-state format %q, want %q", tpl.Manifest.DevStateFormat, vmfork.DevStateNoConfig)
 	}
