@@ -29,7 +29,9 @@ type Driver interface {
 	// QEMU process can exit on its own. It does not change the record.
 	Status(ctx context.Context, m *Machine) (State, error)
 
-	// Agent connects to m's guest agent. The caller closes it.
+	// Agent connects to m's guest agent and returns once the agent has
+	// answered (the embedded driver's sync, libvirt's ping): the identity
+	// chain's agent step counts on that. The caller closes it.
 	Agent(ctx context.Context, m *Machine) (*qmp.Agent, error)
 }
 

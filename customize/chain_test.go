@@ -156,6 +156,10 @@ func TestLazyAgent(t *testing.T) {
 	if dials != 2 {
 		t.Errorf("dialled %d times, want once more after the failure and then never", dials)
 	}
+	// The dial's answer is the first Ping's: only the two after it ask.
+	if got := strings.Join(inner.calls, " "); got != "ping ping" {
+		t.Errorf("agent calls = %q, want two pings (the dial answered the first)", got)
+	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -143,17 +143,23 @@ func NewLazyAgent(dial func(ctx context.Context) (Agent, error)) *LazyAgent {
 }
 
 func (l *LazyAgent) get(ctx context.Context) (Agent, error) {
+	a, _, err := l.connect(ctx)
+	return a, err
+}
+
+// connect returns the agent, and whether it was dialled just now.
+func (l *LazyAgent) connect(ctx context.Context) (Agent, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.a != nil {
-		return l.a, nil
+		return l.a, false, nil
 	}
 	a, err := l.dial(ctx)
 	if err != nil {
-		return nil, noAgentError{err}
+		return nil, false, noAgentError{err}
 	}
 	l.a = a
-	return a, nil
+	return a, true, nil
 }
 
 // Close closes the connection if there is one.
@@ -167,10 +173,12 @@ func (l *LazyAgent) Close() error {
 	return nil
 }
 
-// Ping implements Agent.
+// Ping implements Agent. The dial returns once the agent has answered (a
+// driver's Agent does: a sync or a ping), so a Ping that dialled sends
+// nothing more: in a fresh child under TCG a round trip is 10-25 ms.
 func (l *LazyAgent) Ping(ctx context.Context) error {
-	a, err := l.get(ctx)
-	if err != nil {
+	a, dialled, err := l.connect(ctx)
+	if err != nil || dialled {
 		return err
 	}
 	return a.Ping(ctx)

@@ -224,7 +224,7 @@ func (d *Driver) Agent(ctx context.Context, m *vmfork.Machine) (*qmp.Agent, erro
 	}
 	actx, cancel := context.WithTimeout(ctx, d.AgentTimeout)
 	defer cancel()
-	a, err := qmp.DialAgent(actx, m.Paths.QGA)
+	a, err := qmp.DialAgent(actx, m.Paths.QGA, qmp.WithLogger(d.log.WithField("machine", m.Name)))
 	if err != nil {
 		return nil, fmt.Errorf("guest agent of %q does not answer: %w", m.Name, err)
 	}

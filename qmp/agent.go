@@ -58,8 +58,11 @@ func (a *Agent) Execute(ctx context.Context, cmd string, args, result any) error
 	}
 	ctx, cancel := bound(ctx, a.callTimeout)
 	defer cancel()
-	a.log.WithField("qga_cmd", cmd).Debug("qga command")
+	t0 := time.Now()
 	raw, err := a.t.Command(ctx, req)
+	// Logged once answered, with its round trip: the chain's time is
+	// mostly these.
+	a.log.WithFields(logrus.Fields{"qga_cmd": cmd, "ms": float64(time.Since(t0).Microseconds()) / 1000}).Debug("qga command")
 	if err != nil {
 		return fmt.Errorf("qmp: %s: %w", cmd, err)
 	}
