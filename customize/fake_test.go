@@ -144,7 +144,7 @@ func (f *fakeAgent) batch(ctx context.Context, req qmp.ExecRequest) (qmp.ExecSta
 		}
 		if p == sshScript {
 			f.mu.Lock()
-			f.inputs = append(f.inputs, req.Input)
+			f.inputs = append(f.inputs, []byte(envValue(req.Env, inputVar)))
 			f.mu.Unlock()
 		}
 		st := h(pargs)
@@ -155,6 +155,16 @@ func (f *fakeAgent) batch(ctx context.Context, req qmp.ExecRequest) (qmp.ExecSta
 		}
 	}
 	return qmp.ExecStatus{Exited: true, Stdout: []byte(out.String()), Stderr: []byte(errs.String())}, nil
+}
+
+// envValue is name's value in env, "" if it has none.
+func envValue(env []string, name string) string {
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // scriptName names the steps' scripts in call logs.

@@ -533,3 +533,37 @@ func sshParsePrivate(b []byte) (string, error) {
 	}
 	return base64.StdEncoding.EncodeToString(k.PublicKey().Marshal()), nil
 }
+
+// A part's input reaches that part whole, newlines and all, and no process
+// a batch starts inherits it: it comes in the environment, which the batch's
+// shell unsets before the first part.
+func TestPartInputStaysInTheShell(t *testing.T) {
+	eachShell(t, func(t *testing.T, g *guestTree, sh []string) {
+		const input = "line one\n%vmfork% E\n\tsecret = 'x' $HOME\n"
+		var got, inherited string
+		step := func(name, script string, in []byte, done func(string)) Step {
+			return Step{Name: name, Parts: func(context.Context, *Env) ([]*Part, error) {
+				return []*Part{{Script: script, Input: in, Done: func(_ *Env, out string) error { done(out); return nil }}}, nil
+			}}
+		}
+		_, res, err := runOn(t, g, sh, nil,
+			step("env", `/usr/bin/env`, nil, func(out string) { inherited = out }),
+			step("input", `printf '%s' "$vmfork_input"`, []byte(input), func(out string) { got = out }),
+		)
+		if err != nil {
+			t.Fatalf("%v %+v", err, res.Steps)
+		}
+		if res.GuestCommands != 1 {
+			t.Errorf("%d guest commands, want the two parts in one", res.GuestCommands)
+		}
+		if got != strings.TrimSuffix(input, "\n") {
+			t.Errorf("the part's input = %q, want %q", got, input)
+		}
+		if strings.Contains(inherited, inputVar) || strings.Contains(inherited, "secret") {
+			t.Errorf("a process of the batch inherited the input:\n%s", inherited)
+		}
+		if !strings.Contains(inherited, "LC_ALL=C") {
+			t.Errorf("env printed %q, want the batch's environment", inherited)
+		}
+	})
+}

@@ -246,18 +246,27 @@ func partsSSH(ctx context.Context, env *Env) ([]*Part, error) {
 // its pid file, systemctl asks the service manager (ssh on Debian, sshd on
 // RHEL-family guests). A socket-activated sshd starts per connection and
 // reads the new keys anyway.
+//
+// The files come in $vmfork_input (see Part.Input), each as a line
+// "%vmfork% F PATH", its bytes, then a line "%vmfork% E", and are cut out of
+// it with parameter expansions: no read, no process.
 const sshScript = `umask 077
-m='` + keyMark + `' f= c= n=0
-while IFS= read -r l; do
-	case $l in
-	"$m F "*) f=${l#"$m F "} c= ;;
-	"$m E")
-		printf '%s' "$c" >"$R$f" || exit 1
-		n=$((n + 1))
+m='` + keyMark + `' nl='
+' f= c= n=0
+rest=$vmfork_input
+while [ -n "$rest" ]; do
+	case $rest in
+	"$m F "*"$nl"*"$m E$nl"*) ;;
+	*)
+		echo "the SSH keys' input is cut short after $n files" >&2
+		exit 1
 		;;
-	*) c="$c$l
-" ;;
 	esac
+	f=${rest%%"$nl"*} rest=${rest#*"$nl"}
+	f=${f#"$m F "}
+	c=${rest%%"$m E$nl"*} rest=${rest#*"$m E$nl"}
+	printf '%s' "$c" >"$R$f" || exit 1
+	n=$((n + 1))
 done
 pid= comm=
 if [ -r $R/run/sshd.pid ] && read -r pid <$R/run/sshd.pid && [ -n "$pid" ] && read -r comm <"$R/proc/$pid/comm" 2>/dev/null && [ "$comm" = sshd ]; then
