@@ -134,7 +134,7 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	Fault(FaultForkReserved, src.PID)
 	if p.mode == forkLive {
 		f.tpl.DetachDevices = req.DetachDevices
-		if err = mg.preFork(ctx, src, req.Identity); err == nil {
+		if err = mg.preFork(ctx, src, f.tpl, req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, forker, src, f.tpl)
 		}
 	} else {

@@ -48,17 +48,15 @@ func (o IdentityOptions) ValidateFor(n int) error {
 // MAC, hostname, addresses and machine-id, and each step's outcome.
 type IdentityResult = customize.Result
 
-// preFork runs the source's pre-fork hooks before it is frozen. Nothing is
-// paused yet, so a failure here changes nothing.
-func (mg *Manager) preFork(ctx context.Context, src *Machine, opts IdentityOptions) error {
+// preFork runs the source's pre-fork hooks before it is frozen, then reads
+// what its children's chains can know in advance (customize.Facts) into
+// tpl. Nothing is paused yet, so a failure here changes nothing.
+func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opts IdentityOptions) error {
 	agent := customize.NewLazyAgent(mg.agentDialer(src))
 	defer agent.Close()
 	env := &customize.Env{Agent: agent, Child: customize.Child{Name: src.Name}}
 	res, err := customize.Run(ctx, opts.Spec.PreForkChain(), env)
 	mg.logSteps(src, res)
-	if err == nil && !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys) {
-		mg.prefetchHostKeys(ctx, src, agent)
-	}
 	if errors.Is(err, customize.ErrNoAgent) {
 		// Hooks are optional and unknowable without an agent; the
 		// children's own chains will report an agent that does not answer.
@@ -68,29 +66,42 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, opts IdentityOptio
 	if err != nil {
 		return fmt.Errorf("pre-fork: %w", err)
 	}
+	// After the hooks, which may change the guest. What cannot be read
+	// stays unknown: the children's steps read it themselves.
+	facts, ferr := customize.ReadFacts(ctx, agent, macsOf(src))
+	if ferr != nil {
+		mg.Log.WithField("machine", src.Name).WithError(ferr).Debug("children will read what was not read here")
+	}
+	tpl.GuestFacts = facts
+	if facts != nil && facts.SSH != nil && len(facts.SSH.Types) > 0 && !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys) {
+		// The first child's keys are made while its QEMU starts, not while
+		// it waits: an RSA key takes a few hundred milliseconds.
+		sourceKeyTypes.Store(src.Name, facts.SSH.Types)
+		hostKeys.Prefetch(facts.SSH.Types, 1)
+	}
 	return nil
+}
+
+// macsOf returns the MACs m's guest may have: its configured one and the
+// one its own chain chose.
+func macsOf(m *Machine) []string {
+	var macs []string
+	for _, mac := range []string{m.Spec.MAC, m.GuestMAC} {
+		if mac != "" {
+			macs = append(macs, mac)
+		}
+	}
+	return macs
 }
 
 // hostKeys makes the SSH host keys of this process's fork children, and
 // sourceKeyTypes remembers (by source name) the key types each source has,
-// read before its freeze: a child's keys are then made while its QEMU
-// starts, not while it waits. An RSA key takes a few hundred milliseconds.
+// read before its freeze, so that the keys of the children after the first
+// are made while their QEMU starts too.
 var (
 	hostKeys       customize.KeyMaker
 	sourceKeyTypes sync.Map
 )
-
-// prefetchHostKeys reads the source's SSH host key types and starts making
-// the first child's keys. A source whose types cannot be read gets its
-// children's keys made when they need them.
-func (mg *Manager) prefetchHostKeys(ctx context.Context, src *Machine, agent customize.Agent) {
-	types, err := customize.HostKeyTypes(ctx, agent)
-	if err != nil || len(types) == 0 {
-		return
-	}
-	sourceKeyTypes.Store(src.Name, types)
-	hostKeys.Prefetch(types, 1)
-}
 
 // prepareIdentity sets what a child's identity needs before its QEMU starts:
 // its vmgenid GUID (a new one, or the template's for a reproducible
@@ -158,6 +169,7 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	defer agent.Close()
 	env := &customize.Env{
 		Agent:    agent,
+		Facts:    tpl.GuestFacts,
 		HostKeys: &hostKeys,
 		StepDone: traceOf(ctx).stepDone(c.Name),
 		Child: customize.Child{

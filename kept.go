@@ -119,7 +119,7 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 			// Disk only: the disk moves into the template, the source
 			// gets an overlay on it (fork.go).
 			err = mg.freezeStopped(ctx, src, t)
-		} else if err = mg.preFork(ctx, src, req.Identity); err == nil {
+		} else if err = mg.preFork(ctx, src, t, req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, forker, src, t)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmfork/vmfork/customize"
 )
 
 // Template is a frozen fork point: everything a child needs to continue from
@@ -43,9 +45,13 @@ type Template struct {
 	// or removes it; chains keep reading it where it is.
 	ForeignDisk bool `json:"foreign_disk,omitempty"`
 	// VMGenID is the source's vmgenid GUID at the freeze.
-	VMGenID  string   `json:"vmgenid,omitempty"`
-	Manifest Manifest `json:"manifest"`
-	PauseMS  float64  `json:"pause_ms,omitempty"`
+	VMGenID string `json:"vmgenid,omitempty"`
+	// GuestFacts are what the host read in the source's guest just before
+	// the freeze, for the children's identity chains; nil for a source that
+	// was stopped or whose agent did not answer.
+	GuestFacts *customize.Facts `json:"guest_facts,omitempty"`
+	Manifest   Manifest         `json:"manifest"`
+	PauseMS    float64          `json:"pause_ms,omitempty"`
 	// Name is set on a template kept by name (kept.go): it is never
 	// collected, and children are forked from it any time later.
 	Name string `json:"name,omitempty"`

@@ -73,6 +73,11 @@ type Env struct {
 	// caller can report progress. It must return quickly.
 	StepDone func(StepResult)
 
+	// Facts are what the host read in the child's source before its
+	// freeze (ReadFacts); nil when it read nothing. Steps that have a fact
+	// skip reading it in the child.
+	Facts *Facts
+
 	// HostKeys makes the SSH host keys; nil makes them when they are
 	// needed. A fork shares one and has it start early (Prefetch), since an
 	// RSA key takes long to make.

@@ -42,8 +42,48 @@ const (
 
 // ClockStep steps the guest clock to host time; its detail names the
 // mechanism (date or guest-set-time) and the offset left.
+//
+// A guest whose facts say its date is GNU's has its date -s run as a part
+// of the batch after the step (batch.go), not as a guest command of its
+// own: date's relative form applies when it runs, whenever that is. The
+// check, and any setting again, follows the batch.
 func ClockStep() Step {
-	return Step{Name: StepClock, Timeout: DefaultTimeout, Fn: stepClock}
+	return Step{Name: StepClock, Timeout: DefaultTimeout, Fn: stepClock, Parts: partsClock}
+}
+
+// dateScript moves the clock by $1 with GNU date; it prints "failed" when
+// date could not, for the host to fall back to guest-set-time.
+const dateScript = `if ! date -u -s "$1" >/dev/null 2>&1; then echo failed; fi
+return 0`
+
+func partsClock(ctx context.Context, env *Env) ([]*Part, error) {
+	if env.Facts == nil || env.Facts.Date != "gnu" {
+		return nil, stepClock(ctx, env)
+	}
+	first, err := clockOffset(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	if first.Abs() <= clockTolerance {
+		env.Detailf("within %+dms of host time; left alone", first.Milliseconds())
+		return nil, nil
+	}
+	return []*Part{{Script: dateScript, Args: []string{relative(first)}, Inline: true, Done: func(env *Env, out string) error {
+		// After the batch, under a bound of its own: the step's context
+		// ended with its host side.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
+		defer cancel()
+		ran := strings.TrimSpace(out) != "failed"
+		off, rtt, err := clockSample(cctx, env)
+		if err != nil {
+			return err
+		}
+		if ran && off.Abs() <= clockTolerance+rtt/2 {
+			env.Detailf("stepped %+.3fs by date -s, now %+dms from host (1 attempt)", -first.Seconds(), off.Milliseconds())
+			return nil
+		}
+		return setClock(cctx, env, first, off, ran)
+	}}}, nil
 }
 
 // clockOffset returns how far the guest's clock is ahead of the host's,
@@ -84,8 +124,21 @@ func stepClock(ctx context.Context, env *Env) error {
 		env.Detailf("within %+dms of host time; left alone", first.Milliseconds())
 		return nil
 	}
-	useDate := hasGNUDate(ctx, env.Agent)
-	off, how := first, ""
+	var useDate bool
+	if env.Facts != nil && env.Facts.Date != "" {
+		useDate = env.Facts.Date == "gnu"
+	} else {
+		useDate = hasGNUDate(ctx, env.Agent)
+	}
+	return setClock(ctx, env, first, first, useDate)
+}
+
+// setClock sets the guest's clock, off ahead of the host's (first at the
+// step's start), and checks it, until it is within clockTolerance or the
+// attempts or ctx end. useDate picks GNU date's relative form over
+// guest-set-time.
+func setClock(ctx context.Context, env *Env, first, off time.Duration, useDate bool) error {
+	how := ""
 	for attempt := 1; attempt <= clockAttempts; attempt++ {
 		var err error
 		if useDate {
@@ -141,11 +194,16 @@ func hasGNUDate(ctx context.Context, a Agent) bool {
 // dateStep moves the guest's clock back by off with GNU date's relative
 // form, which applies to the guest's clock when date runs.
 func dateStep(ctx context.Context, a Agent, off time.Duration) error {
-	st, err := runGuest(ctx, a, "/bin/date", []string{"-u", "-s", fmt.Sprintf("%+.9f seconds", -off.Seconds())}, nil)
+	st, err := runGuest(ctx, a, "/bin/date", []string{"-u", "-s", relative(off)}, nil)
 	if err != nil {
 		return err
 	}
 	return exitErr("date -s", st)
+}
+
+// relative is GNU date's relative time that undoes an offset off.
+func relative(off time.Duration) string {
+	return fmt.Sprintf("%+.9f seconds", -off.Seconds())
 }
 
 func plural(n int, word string) string {

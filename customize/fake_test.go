@@ -170,7 +170,7 @@ func envValue(env []string, name string) string {
 // scriptName names the steps' scripts in call logs.
 func scriptName(s string) string {
 	for name, script := range map[string]string{
-		"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript, "ssh": sshScript,
+		"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript, "ssh": sshScript, "clock": dateScript,
 		"mac": netDownScript, "dhcp": netUpScript, "hooks": hooksScript, "list": listScript, "run-script": runScript,
 	} {
 		if s == script {

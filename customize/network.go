@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmfork/vmfork/qmp"
 )
 
 // NetworkMode says how a child gets its addresses once it has its own MAC.
@@ -143,12 +145,23 @@ func (n NetworkSpec) parts(ctx context.Context, env *Env) ([]*Part, error) {
 		}
 		addr = n.Addresses[c.Index-1]
 	}
-	nic := n.Interface
+	nic, factMAC := n.Interface, ""
 	if nic == "" {
-		var err error
-		if nic, err = findNIC(ctx, env.Agent, c.OldMACs); err != nil {
-			return nil, err
+		var ok bool
+		if nic, factMAC, ok = factNIC(env.Facts, c.OldMACs); !ok {
+			var err error
+			if nic, err = findNIC(ctx, env.Agent, c.OldMACs); err != nil {
+				return nil, err
+			}
 		}
+	}
+	var dhcp *DHCPFacts
+	if env.Facts != nil {
+		dhcp = env.Facts.DHCP
+	}
+	var cmdline string
+	if dhcp != nil {
+		cmdline = strings.Join(dhcp.Cmdline, " ")
 	}
 	env.mac = c.MAC
 	custom := "0"
@@ -158,7 +171,7 @@ func (n NetworkSpec) parts(ctx context.Context, env *Env) ([]*Part, error) {
 	var down string
 	first := &Part{
 		Script: netDownScript,
-		Args:   []string{nic, c.MAC, string(mode), addr, n.Gateway, strings.Join(n.DNS, " "), custom},
+		Args:   []string{nic, c.MAC, string(mode), addr, n.Gateway, strings.Join(n.DNS, " "), custom, factMAC, dhcp.arg(), cmdline},
 		Done: func(env *Env, out string) error {
 			down = strings.TrimSpace(out)
 			env.Result.MAC = c.MAC
@@ -219,8 +232,11 @@ func (n NetworkSpec) finish(ctx context.Context, env *Env, nic string, mode Netw
 // stops it without a release, flushes the inherited addresses, empties the
 // lease files, gives the NIC the MAC $2 and, in mode static ($3), the
 // address $4 (gateway $5, DNS $6). $7 is 1 when the spec has its own DHCP
-// command. It leaves what the second part needs in netState and prints what
-// it did.
+// command. $8, $9 and $10 are what the host read in the source before the
+// freeze (Facts): the MAC NIC $1 had ("" when the host found the NIC in the
+// child), the DHCP clients as "PID:NAME ..." ("0": none ran, "-": unknown)
+// and the first one's command line. It leaves what the second part needs
+// in netState and prints what it did.
 //
 // Down, new MAC, up: the kernel derives new IPv6 link-local addresses from
 // the new MAC when the link comes up, instead of keeping the parent's;
@@ -230,10 +246,18 @@ func (n NetworkSpec) finish(ctx context.Context, env *Env, nic string, mode Netw
 // Each process costs tens of milliseconds in a fresh child under TCG, so
 // the script reads /sys and /proc with builtins.
 const netDownScript = `set -e
-nic=$1 mac=$2 mode=$3 addr=$4 gw=$5 dns=$6 custom=$7
+nic=$1 mac=$2 mode=$3 addr=$4 gw=$5 dns=$6 custom=$7 fmac=$8 fdhcp=$9 fcmd=${10}
 state=$R` + netState + `
 ifindex= mgr= dhc= cmd= how=
 read -r ifindex <"$R/sys/class/net/$nic/ifindex" || true
+if [ -n "$fmac" ]; then
+	a=
+	read -r a <"$R/sys/class/net/$nic/address" 2>/dev/null || true
+	if [ "$a" != "$fmac" ]; then
+		echo "the guest's $nic has MAC ${a:-(none)}, not $fmac as in its source just before the freeze: the source changed its network while it was forked; fork it again" >&2
+		exit 101
+	fi
+fi
 # What configures the NIC.
 if [ -d $R/run/systemd/system ] && [ -n "$ifindex" ] && [ -r "$R/run/systemd/netif/links/$ifindex" ]; then
 	while IFS='=' read -r k v; do
@@ -246,20 +270,43 @@ if [ -r $R/run/NetworkManager/NetworkManager.pid ] && read -r p <$R/run/NetworkM
 fi
 pids=
 if [ -z "$mgr" ]; then
+	# The DHCP clients the host saw in the source, if each still runs
+	# under its name; else a scan of /proc.
+	scan=
+	case $fdhcp in
+	-) scan=1 ;;
+	0) ;;
+	*)
+		for pc in $fdhcp; do
+			c=
+			read -r c <"$R/proc/${pc%%:*}/comm" 2>/dev/null || true
+			if [ "$c" != "${pc#*:}" ]; then scan=1; fi
+		done
+		if [ -z "$scan" ]; then
+			set -- $fdhcp
+			dhc=${1#*:} cmd=$fcmd
+			for pc in $fdhcp; do pids="$pids ${pc%%:*}"; done
+		fi
+		;;
+	esac
 	# Kernel threads, most of /proc, have no exe: one stat each instead of
 	# reading their comm a byte at a time.
-	for p in $R/proc/[0-9]*; do
-		[ -e "$p/exe" ] || continue
-		read -r c <"$p/comm" 2>/dev/null || continue
-		case $c in
-		dhclient | udhcpc | dhcpcd) dhc=$c pids="$pids ${p#"$R"/proc/}" ;;
-		esac
-	done
-	if [ -n "$pids" ]; then
+	if [ -n "$scan" ]; then
+		for p in $R/proc/[0-9]*; do
+			[ -e "$p/exe" ] || continue
+			read -r c <"$p/comm" 2>/dev/null || continue
+			case $c in
+			dhclient | udhcpc | dhcpcd) dhc=$c pids="$pids ${p#"$R"/proc/}" ;;
+			esac
+		done
+	fi
+	if [ -n "$scan" ] && [ -n "$pids" ]; then
 		set -- $pids
 		# tr, a process: every shell's read drops the NUL bytes between
 		# the arguments.
 		cmd=$(tr '\0' ' ' <"$R/proc/$1/cmdline" 2>/dev/null || true)
+	fi
+	if [ -n "$pids" ]; then
 		set -- $cmd
 		# Its program, found on PATH as command -v would, without the
 		# fork of a command substitution.
@@ -504,29 +551,53 @@ printf '%s\n' "$how"`
 // findNIC returns the guest's NIC: its only non-loopback interface, or the
 // one with one of the MACs the child inherited.
 func findNIC(ctx context.Context, a Agent, old []string) (string, error) {
+	nic, _, err := findNICMAC(ctx, a, old)
+	return nic, err
+}
+
+// findNICMAC is findNIC that also returns the NIC's MAC.
+func findNICMAC(ctx context.Context, a Agent, old []string) (string, string, error) {
 	ifs, err := a.NetworkInterfaces(ctx)
 	if err != nil {
-		return "", fmt.Errorf("list guest interfaces: %w", err)
+		return "", "", fmt.Errorf("list guest interfaces: %w", err)
 	}
-	var cands []string
+	var cands []qmp.NetworkInterface
 	for _, i := range ifs {
 		if i.Name == "lo" || i.HardwareAddress == "" || i.HardwareAddress == "00:00:00:00:00:00" {
 			continue
 		}
 		for _, m := range old {
 			if strings.EqualFold(i.HardwareAddress, m) {
-				return i.Name, nil
+				return i.Name, strings.ToLower(i.HardwareAddress), nil
 			}
 		}
-		cands = append(cands, i.Name)
+		cands = append(cands, i)
 	}
 	switch len(cands) {
 	case 1:
-		return cands[0], nil
+		return cands[0].Name, strings.ToLower(cands[0].HardwareAddress), nil
 	case 0:
-		return "", fmt.Errorf("the guest has no network interface")
+		return "", "", fmt.Errorf("the guest has no network interface")
 	}
-	return "", fmt.Errorf("the guest has several network interfaces (%s); set network.interface", strings.Join(cands, ", "))
+	names := make([]string, len(cands))
+	for i, c := range cands {
+		names[i] = c.Name
+	}
+	return "", "", fmt.Errorf("the guest has several network interfaces (%s); set network.interface", strings.Join(names, ", "))
+}
+
+// factNIC returns the NIC the facts name and the MAC it had there, when
+// that MAC is one the child may have.
+func factNIC(f *Facts, old []string) (string, string, bool) {
+	if f == nil || f.NIC == nil || f.NIC.Name == "" {
+		return "", "", false
+	}
+	for _, m := range old {
+		if strings.EqualFold(m, f.NIC.MAC) {
+			return f.NIC.Name, strings.ToLower(f.NIC.MAC), true
+		}
+	}
+	return "", "", false
 }
 
 // addressesOf returns nic's addresses in CIDR form, without link-local ones.

@@ -28,8 +28,8 @@ const sshDir = "/etc/ssh"
 // KeyType is a kind of SSH host key: "ed25519", "ecdsa" with the curve's
 // size in Bits (256, 384, 521), or "rsa" with its modulus size.
 type KeyType struct {
-	Alg  string
-	Bits int
+	Alg  string `json:"alg"`
+	Bits int    `json:"bits,omitempty"`
 }
 
 func (t KeyType) String() string {
@@ -205,9 +205,14 @@ func SSHHostKeysStep() Step {
 const keyMark = "%vmfork%"
 
 func partsSSH(ctx context.Context, env *Env) ([]*Part, error) {
-	types, err := HostKeyTypes(ctx, env.Agent)
-	if err != nil {
-		return nil, fmt.Errorf("read the guest's host keys: %w", err)
+	var types []KeyType
+	if env.Facts != nil && env.Facts.SSH != nil {
+		types = env.Facts.SSH.Types
+	} else {
+		var err error
+		if types, err = HostKeyTypes(ctx, env.Agent); err != nil {
+			return nil, fmt.Errorf("read the guest's host keys: %w", err)
+		}
 	}
 	if len(types) == 0 {
 		return nil, Skipped("the guest has no SSH host keys (" + sshDir + "/ssh_host_*_key.pub)")
