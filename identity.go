@@ -54,6 +54,23 @@ type IdentityResult = customize.Result
 func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opts IdentityOptions) error {
 	agent := customize.NewLazyAgent(mg.agentDialer(src))
 	defer agent.Close()
+	// The first child's SSH host keys are made from now on, while the hooks
+	// run, the source freezes and the child's QEMU starts: an RSA-3072 key
+	// took 70-460 ms here (more next to busy TCG guests), and it was the
+	// wait that held the child's first batch.
+	wantKeys := !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys)
+	var early []customize.KeyType
+	if err := agent.Ping(ctx); errors.Is(err, customize.ErrNoAgent) {
+		// Hooks are optional and unknowable without an agent; the
+		// children's own chains will report an agent that does not answer.
+		mg.Log.WithField("machine", src.Name).WithError(err).Warn("pre-fork hooks not run: the guest agent does not answer")
+		return nil
+	}
+	if wantKeys {
+		if early, _ = customize.HostKeyTypes(ctx, agent); len(early) > 0 {
+			hostKeys.Prefetch(early, 1)
+		}
+	}
 	env := &customize.Env{Agent: agent, Child: customize.Child{Name: src.Name}}
 	res, err := customize.Run(ctx, opts.Spec.PreForkChain(), env)
 	mg.logSteps(src, res)
@@ -73,11 +90,12 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opt
 		mg.Log.WithField("machine", src.Name).WithError(ferr).Debug("children will read what was not read here")
 	}
 	tpl.GuestFacts = facts
-	if facts != nil && facts.SSH != nil && len(facts.SSH.Types) > 0 && !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys) {
-		// The first child's keys are made while its QEMU starts, not while
-		// it waits: an RSA key takes a few hundred milliseconds.
+	if facts != nil && facts.SSH != nil && len(facts.SSH.Types) > 0 && wantKeys {
 		sourceKeyTypes.Store(src.Name, facts.SSH.Types)
-		hostKeys.Prefetch(facts.SSH.Types, 1)
+		if !slices.Equal(early, facts.SSH.Types) {
+			// The hooks changed the keys.
+			hostKeys.Prefetch(facts.SSH.Types, 1)
+		}
 	}
 	return nil
 }

@@ -171,7 +171,7 @@ func envValue(env []string, name string) string {
 func scriptName(s string) string {
 	for name, script := range map[string]string{
 		"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript, "ssh": sshScript, "clock": dateScript,
-		"mac": netDownScript, "dhcp": netUpScript, "hooks": hooksScript, "list": listScript, "run-script": runScript,
+		"journald": journaldScript, "mac": netDownScript, "dhcp": netUpScript, "hooks": hooksScript, "list": listScript, "run-script": runScript,
 	} {
 		if s == script {
 			return name
@@ -243,6 +243,7 @@ func (f *fakeAgent) guest() *fakeAgent {
 	f.scripts[rngScript] = func([]string) qmp.ExecStatus { return ok("reseeded\n") }
 	f.scripts[hostnameScript] = func([]string) qmp.ExecStatus { return ok("") }
 	f.scripts[machineIDScript] = func([]string) qmp.ExecStatus { return ok("") }
+	f.scripts[journaldScript] = func([]string) qmp.ExecStatus { return ok("") }
 	f.scripts[sshScript] = func([]string) qmp.ExecStatus { return ok("sshd reloaded (SIGHUP to pid 99)\n") }
 	f.scripts[netDownScript] = func(args []string) qmp.ExecStatus {
 		f.mu.Lock()

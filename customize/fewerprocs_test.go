@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/vmfork/vmfork/qmp"
 )
 
 // Each process a part starts costs tens of milliseconds in a fresh child
@@ -16,7 +18,7 @@ import (
 func TestInlinePartsLeaveTheShellAlone(t *testing.T) {
 	forbidden := regexp.MustCompile(`(^|[\s;&|(])(exit|set -e|umask|trap|cd|export)($|[\s;])`)
 	assigns := regexp.MustCompile(`(^|\s)[A-Za-z_][A-Za-z0-9_]*=`)
-	for name, script := range map[string]string{"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript, "clock": dateScript} {
+	for name, script := range map[string]string{"rng": rngScript, "hostname": hostnameScript, "machine-id": machineIDScript, "journald": journaldScript, "clock": dateScript} {
 		if m := forbidden.FindString(script); m != "" {
 			t.Errorf("%s: inline part uses %q", name, strings.TrimSpace(m))
 		}
@@ -27,8 +29,13 @@ func TestInlinePartsLeaveTheShellAlone(t *testing.T) {
 	env := &Env{Child: testChild(1)}
 	for _, s := range []Step{RNGStep(), HostnameStep("h{n}"), MachineIDStep()} {
 		parts, err := s.Parts(t.Context(), env)
-		if err != nil || len(parts) != 1 || !parts[0].Inline {
-			t.Errorf("%s: parts %v (%v), want one inline part", s.Name, parts, err)
+		if err != nil || len(parts) == 0 {
+			t.Errorf("%s: parts %v (%v)", s.Name, parts, err)
+		}
+		for _, p := range parts {
+			if !p.Inline {
+				t.Errorf("%s: a part is not inline", s.Name)
+			}
 		}
 	}
 }
@@ -171,5 +178,42 @@ func TestNetworkFlushAndMACInOneIP(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// journald's restart (a Last part of vmfork.machine-id) runs at the end of
+// the chain's last batch, after DHCP and the hooks, and its note joins the
+// step's detail; a chain that fails before it never restarts journald.
+func TestLastPartsRunAtTheEnd(t *testing.T) {
+	a := newFakeAgent().guest()
+	a.scripts[journaldScript] = func([]string) qmp.ExecStatus { return ok("systemd-journald restarting\n") }
+	res, err := runSpec(t, Spec{Hostname: "web-{n}"}, a, testChild(2), &fakeLink{})
+	if err != nil {
+		t.Fatalf("Run = %v\ncalls:\n%s", err, a.callLog())
+	}
+	var batches []string
+	for _, c := range a.calls {
+		if b, ok := strings.CutPrefix(c, "batch "); ok {
+			batches = append(batches, b)
+		}
+	}
+	if len(batches) != 2 || !strings.HasSuffix(batches[1], ",hooks,journald") || strings.Contains(batches[0], "journald") {
+		t.Errorf("batches %q, want journald last in the last one", batches)
+	}
+	for _, s := range res.Steps {
+		if s.Name == StepMachineID && (s.Status != StatusOK || !strings.HasSuffix(s.Detail, "; systemd-journald restarting)")) {
+			t.Errorf("machine-id step %+v", s)
+		}
+	}
+
+	a = newFakeAgent().guest()
+	a.scripts[netUpScript] = func([]string) qmp.ExecStatus {
+		return qmp.ExecStatus{Exited: true, ExitCode: exitExplained, Stderr: []byte("no lease\n")}
+	}
+	if _, err := runSpec(t, Spec{Hostname: "web-{n}"}, a, testChild(2), &fakeLink{}); err == nil {
+		t.Fatal("a failed DHCP part did not fail the chain")
+	}
+	if log := a.callLog(); strings.Contains(log, "run sh:journald") {
+		t.Errorf("journald restarted after a failure:\n%s", log)
 	}
 }

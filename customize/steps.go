@@ -311,28 +311,40 @@ func MachineIDStep() Step {
 			return nil, err
 		}
 		id := hex.EncodeToString(b[:])
+		var detail string
 		return []*Part{{Script: machineIDScript, Inline: true, Args: []string{id}, Done: func(env *Env, out string) error {
 			env.Result.MachineID = id
-			env.Detailf("%s (%s)", id, strings.TrimSpace(out))
+			detail = fmt.Sprintf("%s (%s)", id, strings.TrimSpace(out))
+			env.Detailf("%s", detail)
+			return nil
+		}}, {Script: journaldScript, Inline: true, Last: true, Done: func(env *Env, out string) error {
+			if out = strings.TrimSpace(out); out != "" {
+				detail = strings.TrimSuffix(detail, ")") + "; " + out + ")"
+			}
+			env.Detailf("%s", detail)
 			return nil
 		}}}, nil
 	}}
 }
 
-// machineIDScript: systemctl reaches PID 1 over its private socket, so it
-// works without D-Bus; --no-block queues the restart instead of waiting for
-// it, which keeps journald's start out of the chain. It runs inline (no
-// subshell, see batch.go).
+// machineIDScript writes the new machine-id. It runs inline (no subshell,
+// see batch.go).
 const machineIDScript = `if [ ! -e $R/etc/machine-id ]; then echo "the guest has no $R/etc/machine-id"; return 100; fi
 printf '%s\n' "$1" >$R/etc/machine-id || return 1
 local how=$R/etc/machine-id
 if [ -f $R/var/lib/dbus/machine-id ] && [ ! -L $R/var/lib/dbus/machine-id ]; then
 	printf '%s\n' "$1" >$R/var/lib/dbus/machine-id && how="$how, $R/var/lib/dbus/machine-id (a copy)"
 fi
-if [ -d $R/run/systemd/system ] && [ -e $R/run/systemd/journal/socket ]; then
-	# In the background: PID 1 of a fresh child under TCG can take seconds
-	# to take the job, and nothing after this step needs journald.
-	systemctl --no-block restart systemd-journald.service >/dev/null 2>&1 </dev/null 3<&- &
-	how="$how; systemd-journald restarting"
-fi
 printf '%s\n' "$how"`
+
+// journaldScript restarts journald, which reads the machine-id when it
+// starts, as the chain's last part (Part.Last). systemctl reaches PID 1 over
+// its private socket, so it works without D-Bus; --no-block and the
+// background keep journald's start out of the chain (PID 1 of a fresh child
+// under TCG can take seconds to take the job), and nothing in the chain
+// needs journald. Inline.
+const journaldScript = `if [ -d $R/run/systemd/system ] && [ -e $R/run/systemd/journal/socket ]; then
+	systemctl --no-block restart systemd-journald.service >/dev/null 2>&1 </dev/null &
+	echo "systemd-journald restarting"
+fi
+return 0`

@@ -70,6 +70,10 @@ func setupLogging(cliCtx *cli.Context) error {
 		level = logrus.ErrorLevel
 	}
 	logrus.SetLevel(level)
+	if level >= logrus.DebugLevel {
+		// Debug lines are for timelines (the agent's round trips, say).
+		logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: "15:04:05.000"})
+	}
 	if d := cliCtx.Duration("timeout"); d < 0 {
 		return usageError{fmt.Errorf("--timeout %v: want a positive duration such as 90s or 10m (0 for none)", d)}
 	}
