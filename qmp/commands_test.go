@@ -200,3 +200,52 @@ func TestQuit(t *testing.T) {
 		}
 	})
 }
+
+// The link goes up once query-rx-filter shows the guest's new MAC: an event
+// for another change (the old MAC) only re-arms the watch.
+func TestLinkUpOnMAC(t *testing.T) {
+	filter := func(mac string) any { return []map[string]string{{"name": "nic0", "main-mac": mac}} }
+	rx := qmptest.Event{Name: qmp.EventNICRxFilterChanged, Data: map[string]string{"name": "nic0"}}
+	sock := qmptest.NewServer(t,
+		qmptest.Expect("query-rx-filter").WithArgs(map[string]string{"name": "nic0"}).Return(filter("52:54:00:00:00:01")),
+		qmptest.Emit(rx),
+		qmptest.Expect("query-rx-filter").Return(filter("52:54:00:00:00:01")),
+		qmptest.Emit(rx),
+		qmptest.Expect("query-rx-filter").Return(filter("52:54:00:AA:BB:02")),
+		qmptest.Expect("set_link").WithArgs(map[string]any{"name": "nic0", "up": true}),
+	)
+	mon, err := qmp.Dial(t.Context(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mon.Close()
+	done, err := qmp.LinkUpOnMAC(t.Context(), mon, "nic0", "52:54:00:aa:bb:02")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A watch that ends before the MAC changed says what the NIC had.
+func TestLinkUpOnMACCancelled(t *testing.T) {
+	sock := qmptest.NewServer(t,
+		qmptest.Expect("query-rx-filter").Return([]map[string]string{{"name": "nic0", "main-mac": "52:54:00:00:00:01"}}),
+	)
+	mon, err := qmp.Dial(t.Context(), sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mon.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	done, err := qmp.LinkUpOnMAC(ctx, mon, "nic0", "52:54:00:aa:bb:02")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	err = <-done
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "it has 52:54:00:00:00:01") {
+		t.Errorf("err = %v", err)
+	}
+}
