@@ -85,16 +85,6 @@ type LinkSetter interface {
 	SetLink(ctx context.Context, m *Machine, up bool) error
 }
 
-// MACLinkRaiser is an optional driver capability: it raises a running
-// child's link by itself the moment its guest has given the NIC mac, so
-// that the identity chain can change the MAC and ask DHCP in one guest
-// command instead of two (customize.MACLink). It returns once it watches;
-// the channel then gets nil once the link is up, or the error. Ending ctx
-// ends the watch; the driver lets go of m's monitor before it sends.
-type MACLinkRaiser interface {
-	RaiseLinkOnMAC(ctx context.Context, m *Machine, mac string) (<-chan error, error)
-}
-
 // NetworkChecker is an optional driver capability: it checks that what
 // machine m's NIC is plugged into on the host is there (a bridge, a libvirt
 // network that is active) and that the driver supports it. Fork calls it

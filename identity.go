@@ -203,9 +203,6 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 			return nil, fmt.Errorf("driver %q cannot set a NIC link: %w", mg.Driver.Name(), ErrUnsupported)
 		}
 		env.Link = customize.LinkFunc(func(ctx context.Context, up bool) error { return ls.SetLink(ctx, c, up) })
-		if mr, ok := mg.Driver.(MACLinkRaiser); ok {
-			env.Link = macLink{ls: ls, mr: mr, m: c}
-		}
 	}
 	res, err := customize.Run(ctx, chain, env)
 	mg.logSteps(c, res)
@@ -250,20 +247,6 @@ func (mg *Manager) agentDialer(m *Machine) func(context.Context) (customize.Agen
 		}
 		return a, nil
 	}
-}
-
-// macLink is a child's link for a driver that can raise it on the guest's
-// new MAC (customize.MACLink).
-type macLink struct {
-	ls LinkSetter
-	mr MACLinkRaiser
-	m  *Machine
-}
-
-func (l macLink) SetLink(ctx context.Context, up bool) error { return l.ls.SetLink(ctx, l.m, up) }
-
-func (l macLink) UpOnMAC(ctx context.Context, mac string) (<-chan error, error) {
-	return l.mr.RaiseLinkOnMAC(ctx, l.m, mac)
 }
 
 func (mg *Manager) logSteps(m *Machine, res *IdentityResult) {

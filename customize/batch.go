@@ -59,9 +59,7 @@ type Part struct {
 	Inline bool
 	// LinkUp says the host raises the child's link before this part runs,
 	// which ends the batch before it: the parts before run with the link
-	// down, this one and those after with it up. With a MACLink the batch
-	// goes on instead, and the link comes up the moment the guest has the
-	// network step's new MAC; the part must then wait for the carrier.
+	// down, this one and those after with it up.
 	LinkUp bool
 	// Last moves the part to the end of the steps' last batch, after every
 	// other part, for work nothing after it needs and that would compete
@@ -306,20 +304,12 @@ func runParts(ctx context.Context, steps []Step, env *Env) (int, error) {
 	var items, last []batchItem
 	var slots, lastSlots []*slot
 	var failed error
-	var watch *macWatch // the link comes up on the new MAC, within the batch
 	flush := func() {
-		if len(items) > 0 && failed == nil {
-			failed = execBatch(ctx, env, items, slots)
+		if len(items) == 0 || failed != nil {
+			items, slots = nil, nil
+			return
 		}
-		if watch != nil {
-			watch.cancel()
-			if werr := <-watch.up; werr != nil && failed == nil {
-				failed = fmt.Errorf("step %q: raise the link: %w", watch.step, werr)
-				r := &res.Steps[watch.idx]
-				r.Status, r.Error = StatusFailed, failed.Error()
-			}
-			watch = nil
-		}
+		failed = execBatch(ctx, env, items, slots)
 		items, slots = nil, nil
 	}
 	n := 0
@@ -360,13 +350,6 @@ func runParts(ctx context.Context, steps []Step, env *Env) (int, error) {
 		}
 		sl := &slot{step: s, idx: idx, parts: len(parts), elapsed: prep}
 		for k, p := range parts {
-			if p.LinkUp && watch == nil && !(p.Input != nil && hasInput(items)) {
-				if watch = watchMAC(ctx, env, s.Name, idx); watch != nil {
-					items = append(items, batchItem{step: s, part: p, last: k == len(parts)-1})
-					slots = append(slots, sl)
-					continue
-				}
-			}
 			if p.LinkUp || (p.Input != nil && hasInput(items)) {
 				flush()
 				if failed != nil {
@@ -399,32 +382,6 @@ func runParts(ctx context.Context, steps []Step, env *Env) (int, error) {
 		}
 	}
 	return n, failed
-}
-
-// macWatch is a MACLink's watch for the new MAC, for the batch that has
-// the part which needs the link up.
-type macWatch struct {
-	up     <-chan error
-	cancel context.CancelFunc
-	step   string // the step of that part, and its place in the results
-	idx    int
-}
-
-// watchMAC has env's MACLink raise the link once the guest has the MAC the
-// network step chose; nil when env has no MACLink or it cannot watch (a NIC
-// other than virtio-net), and the batch then ends before the part.
-func watchMAC(ctx context.Context, env *Env, step string, idx int) *macWatch {
-	ml, ok := env.Link.(MACLink)
-	if !ok || env.mac == "" {
-		return nil
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	up, err := ml.UpOnMAC(wctx, env.mac)
-	if err != nil {
-		cancel()
-		return nil
-	}
-	return &macWatch{up: up, cancel: cancel, step: step, idx: idx}
 }
 
 func hasInput(items []batchItem) bool {

@@ -29,18 +29,6 @@ type Link interface {
 	SetLink(ctx context.Context, up bool) error
 }
 
-// MACLink is a Link that can also raise itself the moment the guest's NIC
-// has a given MAC (the embedded driver sees it in QEMU's NIC_RX_FILTER_CHANGED).
-// The network step then changes the MAC and runs DHCP in one guest command:
-// the link still comes up only once the MAC is new, but no guest command
-// ends for the host to raise it.
-type MACLink interface {
-	Link
-	// UpOnMAC starts watching and returns; the channel gets nil once the
-	// link is up, or the error. Ending ctx ends the watch.
-	UpOnMAC(ctx context.Context, mac string) (<-chan error, error)
-}
-
 // LinkFunc adapts a function to Link.
 type LinkFunc func(ctx context.Context, up bool) error
 

@@ -1,14 +1,11 @@
 package customize
 
 import (
-	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vmfork/vmfork/qmp"
 )
@@ -218,80 +215,5 @@ func TestLastPartsRunAtTheEnd(t *testing.T) {
 	}
 	if log := a.callLog(); strings.Contains(log, "run sh:journald") {
 		t.Errorf("journald restarted after a failure:\n%s", log)
-	}
-}
-
-// fakeMACLink is a MACLink: it "raises" the link once the fake guest's NIC
-// has the MAC it watches for, as QEMU's event would tell.
-type fakeMACLink struct {
-	fakeLink
-	a       *fakeAgent
-	watched []string
-	err     error // what UpOnMAC returns
-	upErr   error // what the watch ends with
-}
-
-func (l *fakeMACLink) UpOnMAC(ctx context.Context, mac string) (<-chan error, error) {
-	l.watched = append(l.watched, mac)
-	if l.err != nil {
-		return nil, l.err
-	}
-	up := make(chan error, 1)
-	go func() {
-		for {
-			l.a.mu.Lock()
-			got := l.a.ifaces[1].HardwareAddress
-			l.a.mu.Unlock()
-			if got == mac {
-				up <- l.upErr
-				return
-			}
-			select {
-			case <-ctx.Done():
-				up <- ctx.Err()
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
-	return up, nil
-}
-
-// With a MACLink the whole chain is one guest command: the link comes up
-// on the new MAC while the batch runs. A link that cannot watch falls back
-// to two commands, and a watch that fails fails the network step.
-func TestOneCommandWithAMACLink(t *testing.T) {
-	chain := func(a *fakeAgent, l Link) (*Result, error) {
-		c, err := Spec{Hostname: "web-{n}"}.Chain()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Run(t.Context(), c, &Env{Agent: a, Child: testChild(2), Link: l})
-	}
-	a := newFakeAgent().guest()
-	l := &fakeMACLink{a: a}
-	res, err := chain(a, l)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, a.callLog())
-	}
-	if res.GuestCommands != 1 || !strings.Contains(a.callLog(), "batch rng,hostname,machine-id,mac,dhcp,hooks,journald") {
-		t.Errorf("%d guest commands:\n%s", res.GuestCommands, a.callLog())
-	}
-	if len(l.watched) != 1 || l.watched[0] != testChild(2).MAC || len(l.ups) != 0 {
-		t.Errorf("watched %v, set the link %v; want one watch for the new MAC and no SetLink", l.watched, l.ups)
-	}
-
-	a = newFakeAgent().guest()
-	l = &fakeMACLink{a: a, err: errors.New("rx filter not supported")}
-	res, err = chain(a, l)
-	if err != nil || res.GuestCommands != 2 || len(l.ups) != 1 || !l.ups[0] {
-		t.Errorf("no watch: %v, %d guest commands, link set %v; want two commands and the link raised between", err, res.GuestCommands, l.ups)
-	}
-
-	a = newFakeAgent().guest()
-	l = &fakeMACLink{a: a, upErr: errors.New("set_link: no such NIC")}
-	_, err = chain(a, l)
-	if want := `step "vmfork.network": raise the link: set_link: no such NIC`; err == nil || err.Error() != want {
-		t.Errorf("failed watch: %v, want %s", err, want)
 	}
 }

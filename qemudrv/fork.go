@@ -293,32 +293,7 @@ func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
 	return nil
 }
 
-var (
-	_ vmfork.LinkSetter    = (*Driver)(nil)
-	_ vmfork.MACLinkRaiser = (*Driver)(nil)
-)
-
-// RaiseLinkOnMAC implements vmfork.MACLinkRaiser with QEMU's
-// NIC_RX_FILTER_CHANGED (qmp.LinkUpOnMAC). It holds the child's QMP
-// connection until the link is up or ctx ends.
-func (d *Driver) RaiseLinkOnMAC(ctx context.Context, m *vmfork.Machine, mac string) (<-chan error, error) {
-	mon, err := qmp.Dial(ctx, m.Paths.QMP, qmp.WithLogger(d.log.WithField("machine", m.Name)))
-	if err != nil {
-		return nil, fmt.Errorf("watch for the guest's MAC: %w", err)
-	}
-	up, err := qmp.LinkUpOnMAC(ctx, mon, nicID, mac)
-	if err != nil {
-		mon.Close()
-		return nil, fmt.Errorf("watch for the guest's MAC: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		err := <-up
-		mon.Close()
-		done <- err
-	}()
-	return done, nil
-}
+var _ vmfork.LinkSetter = (*Driver)(nil)
 
 // SetLink implements vmfork.LinkSetter.
 func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error {

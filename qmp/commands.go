@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 )
 
 // QMP command names used by vmfork (QEMU 7.2, qapi/*.json). go-qemu's generated qmp/raw follows
@@ -24,7 +23,6 @@ const (
 	CmdCloseFD                = "closefd"
 	CmdBlockdevSnapshotSync   = "blockdev-snapshot-sync"
 	CmdSetLink                = "set_link"
-	CmdQueryRxFilter          = "query-rx-filter"
 	CmdSystemPowerdown        = "system_powerdown"
 	CmdQuit                   = "quit"
 	CmdQueryVMGenerationID    = "query-vm-generation-id"
@@ -109,26 +107,6 @@ func (m *Monitor) SetLink(ctx context.Context, name string, up bool) error {
 	return m.Execute(ctx, CmdSetLink, args, nil)
 }
 
-// RxFilterMAC returns the MAC that NIC name receives for: its guest's
-// (query-rx-filter's main-mac). The query also re-arms the NIC's
-// EventNICRxFilterChanged. Only virtio-net NICs answer it.
-func (m *Monitor) RxFilterMAC(ctx context.Context, name string) (string, error) {
-	args := struct {
-		Name string `json:"name"`
-	}{name}
-	var res []struct {
-		Name    string `json:"name"`
-		MainMAC string `json:"main-mac"`
-	}
-	if err := m.Execute(ctx, CmdQueryRxFilter, args, &res); err != nil {
-		return "", err
-	}
-	if len(res) != 1 {
-		return "", fmt.Errorf("qmp: %s %s: %d filters in the reply, want one", CmdQueryRxFilter, name, len(res))
-	}
-	return res[0].MainMAC, nil
-}
-
 // SystemPowerdown presses the ACPI power button. The guest may ignore it; callers wait for
 // SHUTDOWN or Done() with a bound and then Quit.
 func (m *Monitor) SystemPowerdown(ctx context.Context) error {
@@ -166,36 +144,4 @@ func QueryVMGenerationID(ctx context.Context, ex Executor) (string, error) {
 		return "", fmt.Errorf("qmp: %s: empty guid", CmdQueryVMGenerationID)
 	}
 	return r.GUID, nil
-}
-
-// LinkUpOnMAC raises NIC name's link as soon as its guest has given the NIC
-// mac, which QEMU reports with EventNICRxFilterChanged (virtio-net's control
-// queue carries the guest's MAC). It returns once it watches; the channel
-// then gets nil when the link is up, or the error. Ending ctx ends the watch.
-// m must stay open until the channel has its value.
-func LinkUpOnMAC(ctx context.Context, m *Monitor, name, mac string) (<-chan error, error) {
-	events, err := m.Events(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cur, err := m.RxFilterMAC(ctx, name) // arms the event
-	if err != nil {
-		return nil, err
-	}
-	done := make(chan error, 1)
-	go func() {
-		done <- func() error {
-			for !strings.EqualFold(cur, mac) {
-				if _, err := WaitEvent(ctx, events, EventNICRxFilterChanged); err != nil {
-					return fmt.Errorf("wait for the guest to give %s MAC %s (it has %s): %w", name, mac, cur, err)
-				}
-				var err error
-				if cur, err = m.RxFilterMAC(ctx, name); err != nil {
-					return err
-				}
-			}
-			return m.SetLink(ctx, name, true)
-		}()
-	}()
-	return done, nil
 }

@@ -15,10 +15,6 @@ const (
 	EventShutdown      = "SHUTDOWN"
 	EventMigration     = "MIGRATION" // only with the "events" migration capability, except incoming "setup"
 	EventDeviceDeleted = "DEVICE_DELETED"
-	// EventNICRxFilterChanged: a NIC's receive filter changed, its MAC
-	// among others (qapi/net.json). QEMU sends it once, then again only
-	// after a query-rx-filter for that NIC.
-	EventNICRxFilterChanged = "NIC_RX_FILTER_CHANGED"
 )
 
 // Event is an asynchronous QMP event.
@@ -139,10 +135,6 @@ func WaitEvent(ctx context.Context, events <-chan Event, name string) (Event, er
 		select {
 		case ev, ok := <-events:
 			if !ok {
-				if err := ctx.Err(); err != nil {
-					// The channel closes when ctx ends, too.
-					return Event{}, fmt.Errorf("qmp: wait for event %s: %w", name, err)
-				}
 				return Event{}, fmt.Errorf("qmp: wait for event %s: %w", name, ErrClosed)
 			}
 			if ev.Name == name {
