@@ -5,7 +5,6 @@ package libvirtdrv
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -179,12 +178,7 @@ func ramBlockGone(ctx context.Context, ex qmp.Executor, name string) (bool, erro
 	if err != nil {
 		return false, err
 	}
-	for _, b := range blocks {
-		if b == name || strings.HasSuffix(b, "/"+name) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return qmp.BlockOf(blocks, name) == "", nil
 }
 
 // hasAlias reports whether the live domain still has the shmem or hostdev

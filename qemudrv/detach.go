@@ -130,12 +130,9 @@ func ramBlocksGone(ctx context.Context, mon *qmp.Monitor, objects []string) erro
 			return fmt.Errorf("detach devices: %w", err)
 		}
 		left := ""
-		for _, b := range blocks {
-			for _, o := range objects {
-				id := vmfork.ObjectID(o)
-				if b == id || strings.HasSuffix(b, "/"+id) {
-					left = b
-				}
+		for _, o := range objects {
+			if b := qmp.BlockOf(blocks, vmfork.ObjectID(o)); b != "" {
+				left = b
 			}
 		}
 		if left == "" {

@@ -58,6 +58,20 @@ func NonRAMBlocks(ctx context.Context, ex Executor, shared string) ([]string, er
 	return keep, nil
 }
 
+// BlockOf returns the block of blocks (from NonRAMBlocks) that holds the
+// memory of the object called id: "id" for a backend of its own, or
+// "<device path>/id" as a device's block is named; "" when none does. A
+// deleted backend's block stays listed until QEMU frees it, after an RCU
+// grace period, and the detach steps of both drivers wait for that.
+func BlockOf(blocks []string, id string) string {
+	for _, b := range blocks {
+		if b == id || strings.HasSuffix(b, "/"+id) {
+			return b
+		}
+	}
+	return ""
+}
+
 // ramBlockLine is a block's line in HMP's "info ramblock": its name (empty
 // for a block whose owner is gone), then its page size and offset.
 var ramBlockLine = regexp.MustCompile(`^\s*(.*?)\s*\b\d+ [KMGT]?i?B\s+0x[0-9a-f]+`)

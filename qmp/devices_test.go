@@ -108,3 +108,12 @@ func TestPrepareDeviceState(t *testing.T) {
 		})
 	}
 }
+
+func TestBlockOf(t *testing.T) {
+	blocks := []string{"vga.vram", "/objects/shm0", "/machine/peripheral/ivshmem0/shm1"}
+	for id, want := range map[string]string{"shm0": "/objects/shm0", "shm1": "/machine/peripheral/ivshmem0/shm1", "vram": "", "vga.vram": "vga.vram", "hm0": ""} {
+		if got := BlockOf(blocks, id); got != want {
+			t.Errorf("BlockOf(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
