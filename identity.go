@@ -187,7 +187,6 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	defer agent.Close()
 	env := &customize.Env{
 		Agent:    agent,
-		Facts:    tpl.GuestFacts,
 		HostKeys: &hostKeys,
 		StepDone: traceOf(ctx).stepDone(c.Name),
 		Child: customize.Child{
@@ -198,6 +197,9 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	}
 	var ls LinkSetter
 	if live {
+		// The facts hold for a child that goes on from the template's
+		// instant, not for one that boots.
+		env.Facts = tpl.GuestFacts
 		var ok bool
 		if ls, ok = mg.Driver.(LinkSetter); !ok {
 			return nil, fmt.Errorf("driver %q cannot set a NIC link: %w", mg.Driver.Name(), ErrUnsupported)
