@@ -6,10 +6,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -452,8 +454,15 @@ func TestSSHHostKeys(t *testing.T) {
 		old := keyTree(t, g, types...)
 		// A running sshd (a process of this test, as sshd in the tree's
 		// /proc) gets SIGHUP, as systemctl reload ssh would send it.
+		// A test run under nohup ignores SIGHUP, and so would a child it
+		// starts; a process with a handler starts its children with the
+		// default.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
 		sshd := exec.Command("sleep", "60")
-		if err := sshd.Start(); err != nil {
+		err = sshd.Start()
+		signal.Stop(hup)
+		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { sshd.Process.Kill(); sshd.Wait() })
