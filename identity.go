@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -54,18 +53,18 @@ type IdentityResult = customize.Result
 func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opts IdentityOptions) error {
 	agent := customize.NewLazyAgent(mg.agentDialer(src))
 	defer agent.Close()
-	// The first child's SSH host keys are made from now on, while the hooks
-	// run, the source freezes and the child's QEMU starts: an RSA-3072 key
-	// took 70-460 ms here (more next to busy TCG guests), and it was the
-	// wait that held the child's first batch.
-	wantKeys := !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys)
-	var early []customize.KeyType
 	if err := agent.Ping(ctx); errors.Is(err, customize.ErrNoAgent) {
 		// Hooks are optional and unknowable without an agent; the
 		// children's own chains will report an agent that does not answer.
 		mg.Log.WithField("machine", src.Name).WithError(err).Warn("pre-fork hooks not run: the guest agent does not answer")
 		return nil
 	}
+	// The first child's SSH host keys are made from now on, while the hooks
+	// run, the source freezes and the child's QEMU starts: an RSA-3072 key
+	// took 70-460 ms here (more next to busy TCG guests), and it was the
+	// wait that held the child's first batch.
+	wantKeys := wantsKeys(opts)
+	var early []customize.KeyType
 	if wantKeys {
 		if early, _ = customize.HostKeyTypes(ctx, agent); len(early) > 0 {
 			hostKeys.Prefetch(early, 1)
@@ -90,12 +89,25 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opt
 		mg.Log.WithField("machine", src.Name).WithError(ferr).Debug("children will read what was not read here")
 	}
 	tpl.GuestFacts = facts
-	if facts != nil && facts.SSH != nil && len(facts.SSH.Types) > 0 && wantKeys {
-		sourceKeyTypes.Store(src.Name, facts.SSH.Types)
-		if !slices.Equal(early, facts.SSH.Types) {
+	if types := keyTypes(tpl); len(types) > 0 && wantKeys {
+		if !slices.Equal(early, types) {
 			// The hooks changed the keys.
-			hostKeys.Prefetch(facts.SSH.Types, 1)
+			hostKeys.Prefetch(types, 1)
 		}
+		tpl.keysStarted = 1
+	}
+	return nil
+}
+
+// wantsKeys reports whether the chain makes SSH host keys.
+func wantsKeys(opts IdentityOptions) bool {
+	return !slices.Contains(opts.Spec.Skip, customize.StepSSHHostKeys)
+}
+
+// keyTypes returns the SSH host key types the facts of tpl list.
+func keyTypes(tpl *Template) []customize.KeyType {
+	if f := tpl.GuestFacts; f != nil && f.SSH != nil {
+		return f.SSH.Types
 	}
 	return nil
 }
@@ -112,14 +124,10 @@ func macsOf(m *Machine) []string {
 	return macs
 }
 
-// hostKeys makes the SSH host keys of this process's fork children, and
-// sourceKeyTypes remembers (by source name) the key types each source has,
-// read before its freeze, so that the keys of the children after the first
-// are made while their QEMU starts too.
-var (
-	hostKeys       customize.KeyMaker
-	sourceKeyTypes sync.Map
-)
+// hostKeys makes the SSH host keys of this process's fork children. Their
+// types are in the template's facts, so each child's keys are started
+// before its QEMU (preFork starts the first's earlier still).
+var hostKeys customize.KeyMaker
 
 // prepareIdentity sets what a child's identity needs before its QEMU starts:
 // its vmgenid GUID (a new one, or the template's for a reproducible
@@ -139,9 +147,8 @@ func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts Id
 	// The MAC follows from the template, so siblings never share one.
 	seed := fmt.Sprintf("%s\x00%s\x00%s", tpl.ID, tpl.Created.Format(time.RFC3339Nano), tpl.VMGenID)
 	c.GuestMAC = customize.ChildMAC([]byte(seed), index, mg.inheritedMACs(c, tpl)...)
-	if t, ok := sourceKeyTypes.Load(c.Parent); ok && index > 1 {
-		// preFork started the first child's keys.
-		hostKeys.Prefetch(t.([]customize.KeyType), 1)
+	if types := keyTypes(tpl); len(types) > 0 && index > tpl.keysStarted && wantsKeys(opts) {
+		hostKeys.Prefetch(types, 1)
 	}
 	return nil
 }

@@ -50,8 +50,11 @@ type Template struct {
 	// the freeze, for the children's identity chains; nil for a source that
 	// was stopped or whose agent did not answer.
 	GuestFacts *customize.Facts `json:"guest_facts,omitempty"`
-	Manifest   Manifest         `json:"manifest"`
-	PauseMS    float64          `json:"pause_ms,omitempty"`
+	// keysStarted is how many children's SSH host keys this process
+	// started before the freeze (identity.go:preFork); not kept.
+	keysStarted int
+	Manifest    Manifest `json:"manifest"`
+	PauseMS     float64  `json:"pause_ms,omitempty"`
 	// Name is set on a template kept by name (kept.go): it is never
 	// collected, and children are forked from it any time later.
 	Name string `json:"name,omitempty"`
