@@ -16,7 +16,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/internal/proc"
 )
 
 // Branch-and-explore: fork one branch per try from a running machine or a
@@ -115,7 +115,7 @@ type exploreRecord struct {
 
 func (r *exploreRecord) alive() bool {
 	st, err := procStart(r.PID)
-	return err == nil && st == r.Start && templates.Running(r.PID)
+	return err == nil && st == r.Start && proc.Running(r.PID)
 }
 
 // procStart reads a process's start time (clock ticks since boot) from

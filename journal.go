@@ -16,8 +16,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vmfork/vmfork/internal/proc"
 	"github.com/vmfork/vmfork/overlay"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // journalEntry records an operation in flight (a boot, a fork, a template
@@ -106,7 +106,7 @@ func vmforkAlive(pid int) bool {
 	}
 	// A zombie's exe link is gone already; Running also says so for one
 	// whose link a kernel still shows.
-	return bytes.Equal([]byte(exe), []byte(self)) && templates.Running(pid)
+	return bytes.Equal([]byte(exe), []byte(self)) && proc.Running(pid)
 }
 
 // recoverLockWait bounds how long the repair waits for a name's lock: a
@@ -351,7 +351,7 @@ func qemuNaming(marker string) []int {
 			continue
 		}
 		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
-		if bytes.Contains(argv0, []byte("qemu")) && bytes.Contains(cmdline, []byte(marker)) && templates.Running(pid) {
+		if bytes.Contains(argv0, []byte("qemu")) && bytes.Contains(cmdline, []byte(marker)) && proc.Running(pid) {
 			pids = append(pids, pid)
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/profile"
 )
 
 // State is a machine's lifecycle state as recorded in the store.
@@ -122,10 +122,10 @@ type Spec struct {
 // left theirs to vmfork. Both drivers call it once the machine type is known.
 func (s *Spec) FillProfile() error {
 	if s.CPUModel == "" {
-		s.CPUModel = templates.DefaultCPUModel
+		s.CPUModel = profile.DefaultCPUModel
 	}
 	if s.MAC == "" {
-		s.MAC = templates.RandomMAC()
+		s.MAC = profile.RandomMAC()
 	}
 	return PickPorts(s.Ports)
 }
@@ -134,7 +134,7 @@ func (s *Spec) FillProfile() error {
 // for forwards that left the host port to vmfork (Host == 0).
 func PickPorts(ports []PortForward) (err error) {
 	for i := range ports {
-		if ports[i].Host, err = templates.FreePort(ports[i].Host); err != nil {
+		if ports[i].Host, err = profile.FreePort(ports[i].Host); err != nil {
 			return fmt.Errorf("%w: %w", err, ErrInvalid)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/internal/proc"
 )
 
 // Daemon reloads and restarts the libvirt daemon for Setup.
@@ -64,7 +64,7 @@ func (SystemDaemon) Restart(ctx context.Context) error {
 		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("stop libvirtd (pid %d): %w", pid, err)
 		}
-		if err := poll(ctx, func() bool { return !templates.Running(pid) }); err != nil {
+		if err := poll(ctx, func() bool { return !proc.Running(pid) }); err != nil {
 			return fmt.Errorf("libvirtd (pid %d) did not exit: %w", pid, err)
 		}
 	}

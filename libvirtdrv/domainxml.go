@@ -7,15 +7,15 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/profile"
 )
 
 // Fixed names in the domains vmfork defines. The agent channel's name is what
 // qemu-ga in the guest looks for; the RAM alias is where libvirt 9.0 puts a
 // pc/q35 guest's RAM file, <memory_backing_dir>/<id>-<name[:20]>/pc.ram.
 const (
-	agentChannel = templates.AgentChannel
-	ramAlias     = templates.RAMBlock
+	agentChannel = profile.AgentChannel
+	ramAlias     = profile.RAMBlock
 	// tbCacheMiB bounds TCG's translation cache: QEMU 7.2 reserves 1 GiB per
 	// process by default, which a fork child would pay for again.
 	tbCacheMiB = 128
@@ -25,8 +25,8 @@ const (
 const (
 	domainKVM  = "kvm"
 	domainTCG  = "qemu"
-	accelKVM   = templates.AccelKVM
-	accelTCG   = templates.AccelTCG
+	accelKVM   = profile.AccelKVM
+	accelTCG   = profile.AccelTCG
 	domainArch = "x86_64"
 )
 

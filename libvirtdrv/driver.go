@@ -19,8 +19,8 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/profile"
 	"github.com/vmfork/vmfork/qmp"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // Name is the driver's name in machine records.
@@ -277,7 +277,7 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 // set (a fork child's inherited configuration) are kept.
 func (d *Driver) resolve(ctx context.Context, m *vmfork.Machine) error {
 	if m.Accel == "" {
-		accel, err := templates.ChooseAccel(d.log.WithField("machine", m.Name))
+		accel, err := profile.ChooseAccel(d.log.WithField("machine", m.Name))
 		if err != nil {
 			return err
 		}

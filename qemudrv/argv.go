@@ -6,15 +6,15 @@ import (
 	"strings"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/profile"
 	"github.com/vmfork/vmfork/qmp"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // Fixed ids of the devices and objects every machine has. Device ids and PCI
 // placement are part of the migration stream's section names, so parents and
 // children must agree on them; backends (sockets, files, ports) may differ.
 const (
-	ramID      = templates.RAMBlock
+	ramID      = profile.RAMBlock
 	nicRootID  = "rp1" // the NIC sits on a root port so it can be hot-swapped
 	spareRoot  = "rp2" // a free hot-plug slot (e.g. for a passthrough device)
 	diskNodeID = "fmt0"
@@ -22,13 +22,13 @@ const (
 	netdevID   = "net0"
 	qgaID      = "qga0"
 	serialID   = "serial0"
-	agentPort  = templates.AgentChannel
+	agentPort  = profile.AgentChannel
 )
 
 // Accelerators.
 const (
-	AccelKVM = templates.AccelKVM
-	AccelTCG = templates.AccelTCG
+	AccelKVM = profile.AccelKVM
+	AccelTCG = profile.AccelTCG
 )
 
 // ArgvOptions are the per-process choices that are not part of the machine's

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/internal/proc"
 )
 
 // procs is how the driver starts, watches and signals QEMU processes. New
@@ -16,7 +16,7 @@ import (
 type procs struct {
 	spawn func(bin string, args []string, logPath string, extra ...*os.File) (*process, error)
 	// alive reports whether pid is a live QEMU whose command line holds
-	// marker (templates.Alive).
+	// marker (proc.Alive).
 	alive  func(pid int, marker string) bool
 	signal func(pid int, sig syscall.Signal) error
 	// quitGrace bounds the wait for QEMU to exit after QMP quit; killGrace
@@ -26,13 +26,13 @@ type procs struct {
 
 func realProcs() procs {
 	return procs{
-		spawn: spawn, alive: templates.Alive, signal: syscall.Kill,
+		spawn: spawn, alive: proc.Alive, signal: syscall.Kill,
 		quitGrace: 5 * time.Second, killGrace: 10 * time.Second,
 	}
 }
 
 // waitGone polls until alive(pid, marker) is false or ctx ends, as
-// templates.WaitGone does for the real liveness check.
+// proc.WaitGone does for the real liveness check.
 func (p procs) waitGone(ctx context.Context, pid int, marker string) error {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/internal/proc"
 )
 
 // reaperPIDs lists the live vmfork reaper processes of this env's state dir.
@@ -31,7 +31,7 @@ func (e *env) reaperPIDs() []int {
 		cmdline, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
 		args := bytes.Split(bytes.TrimRight(cmdline, "\x00"), []byte{0})
 		if err == nil && len(args) > 1 && bytes.Equal(args[len(args)-1], []byte("reaper")) &&
-			bytes.Contains(cmdline, []byte(e.stateDir)) && templates.Running(pid) {
+			bytes.Contains(cmdline, []byte(e.stateDir)) && proc.Running(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -83,7 +83,7 @@ func (e *env) startKilledAfterResult(v any, args ...string) {
 	}
 }
 
-func alive(pid int) bool { return templates.Running(pid) }
+func alive(pid int) bool { return proc.Running(pid) }
 
 func (e *env) templateDirs() []string {
 	es, _ := os.ReadDir(filepath.Join(e.stateDir, "templates"))

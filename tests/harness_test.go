@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmfork/vmfork/templates"
+	"github.com/vmfork/vmfork/internal/proc"
 )
 
 // guest is the built test guest.
@@ -194,7 +194,7 @@ func (e *env) cleanup() {
 
 // ownedQEMU reports whether pid is a live QEMU started with our state dir.
 func ownedQEMU(pid int, stateDir string) bool {
-	if !templates.Alive(pid, stateDir) {
+	if !proc.Alive(pid, stateDir) {
 		return false
 	}
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")

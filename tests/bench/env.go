@@ -18,8 +18,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/internal/proc"
 	"github.com/vmfork/vmfork/qemudrv"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // Config says where the test guest is and where reports go.
@@ -220,7 +220,7 @@ func (e *Env) untrack(pid int) {
 // killOwned SIGKILLs pid if it still runs with marker in its argv (so a
 // recycled PID is never hit) and waits until it is gone.
 func killOwned(pid int, marker string) error {
-	if !templates.Alive(pid, marker) {
+	if !proc.Alive(pid, marker) {
 		return nil
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -228,7 +228,7 @@ func killOwned(pid int, marker string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := templates.WaitGone(ctx, pid, marker); err != nil {
+	if err := proc.WaitGone(ctx, pid, marker); err != nil {
 		return fmt.Errorf("pid %d survived SIGKILL: %w", pid, err)
 	}
 	return nil

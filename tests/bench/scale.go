@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/profile"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // ScaleOptions choose the two sweeps: guest RAM with one child per call,
@@ -266,11 +266,11 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	}
 	scratch := filepath.Join(m.Paths.Dir, "floor.devstate")
 	defer os.Remove(scratch)
-	shared, err := sharedmem.QOMShare(ctx, mon, templates.RAMBlock)
+	shared, err := sharedmem.QOMShare(ctx, mon, profile.RAMBlock)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	save, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", templates.RAMBlock, shared, 2*time.Millisecond)
+	save, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", profile.RAMBlock, shared, 2*time.Millisecond)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}

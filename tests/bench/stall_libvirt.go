@@ -11,9 +11,9 @@ import (
 
 	"libvirt.org/go/libvirt"
 
+	"github.com/vmfork/vmfork/profile"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
-	"github.com/vmfork/vmfork/templates"
 )
 
 // pauseFloorLibvirt is the floor of a fork on the libvirt driver: the same
@@ -40,11 +40,11 @@ func (e *Env) pauseFloorLibvirt(ctx context.Context, name string) (float64, erro
 	scratch := filepath.Join(e.dir, name+".floor.devstate")
 	defer os.Remove(scratch)
 	// The save the driver's freeze makes (qmp.PrepareDeviceState).
-	shared, err := sharedmem.QOMShare(ctx, mon, templates.RAMBlock)
+	shared, err := sharedmem.QOMShare(ctx, mon, profile.RAMBlock)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	prep, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", templates.RAMBlock, shared, 2*time.Millisecond)
+	prep, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", profile.RAMBlock, shared, 2*time.Millisecond)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}

@@ -1,7 +1,9 @@
-package templates
+package proc
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -53,5 +55,22 @@ func TestZombieStatParsing(t *testing.T) {
 		if got := zombie([]byte(stat)); got != want {
 			t.Errorf("zombie(%q) = %v, want %v", stat, got, want)
 		}
+	}
+}
+
+func TestAlive(t *testing.T) {
+	self := os.Getpid()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Alive(self, filepath.Base(exe)) {
+		t.Errorf("Alive(self, own binary name) = false, want true")
+	}
+	if Alive(self, "no-such-marker-in-argv") {
+		t.Errorf("Alive(self, foreign marker) = true, want false: a reused PID must not count")
+	}
+	if Alive(0, "") {
+		t.Errorf("Alive(0) = true, want false")
 	}
 }

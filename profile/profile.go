@@ -1,4 +1,4 @@
-package templates
+package profile
 
 import (
 	"crypto/rand"

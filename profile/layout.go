@@ -1,4 +1,4 @@
-package templates
+package profile
 
 // The guest-visible layout both drivers must render the same way: QEMU's
 // migration stream names RAM blocks and devices, and the guest's own
