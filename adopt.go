@@ -5,8 +5,10 @@ import (
 	"fmt"
 )
 
-// adopt records a machine the driver found but vmfork did not make.
-func (mg *Manager) adopt(ctx context.Context, a Adopter, name string) (*Machine, error) {
+// inspectAdoption asks the driver about name, a machine vmfork did not
+// make, and returns the record its adoption would write. It changes
+// nothing: a plan calls it, and the apply records it (recordAdoption).
+func (mg *Manager) inspectAdoption(ctx context.Context, a Adopter, name string) (*Machine, error) {
 	m, err := a.Adopt(ctx, name, mg.Store.MachinePaths(name))
 	if err != nil {
 		return nil, fmt.Errorf("machine %q: %w", name, err)
@@ -14,11 +16,16 @@ func (mg *Manager) adopt(ctx context.Context, a Adopter, name string) (*Machine,
 	if m.Adopted == nil || m.Name != name {
 		return nil, fmt.Errorf("machine %q: driver %q returned no adoption record", name, mg.Driver.Name())
 	}
-	if err := mg.Store.CreateMachine(m); err != nil {
-		return nil, err
-	}
-	mg.Log.WithField("machine", name).Info("adopted")
 	return m, nil
+}
+
+// recordAdoption records m, found by inspectAdoption.
+func (mg *Manager) recordAdoption(m *Machine) error {
+	if err := mg.Store.CreateMachine(m); err != nil {
+		return err
+	}
+	mg.Log.WithField("machine", m.Name).Info("adopted")
+	return nil
 }
 
 // forget removes adopted machine m's record and files and leaves the machine

@@ -34,23 +34,47 @@ type CheckpointRequest struct {
 	Identity IdentityOptions
 }
 
-// Checkpoint keeps running machine req.Machine's current instant as a
-// template; the machine pauses as for a fork and runs on.
-func (mg *Manager) Checkpoint(ctx context.Context, req CheckpointRequest) (*Template, error) {
-	m, err := mg.Get(ctx, req.Machine)
-	if err != nil {
+// planCheckpoint checks a checkpoint of req.Machine: a template save of a
+// running machine under req.As or the next free checkpoint name.
+func (mg *Manager) planCheckpoint(ctx context.Context, req CheckpointRequest, l *lockSet) (*keepPlan, error) {
+	if err := ValidateName(req.Machine); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	if m.State != StateRunning {
-		return nil, fmt.Errorf("checkpoint %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
 	}
 	name := req.As
 	if name == "" {
-		if name, err = mg.nextCheckpointName(m.Name); err != nil {
-			return nil, fmt.Errorf("checkpoint %q: %w", m.Name, err)
+		var err error
+		if name, err = mg.nextCheckpointName(req.Machine); err != nil {
+			return nil, fmt.Errorf("checkpoint %q: %w", req.Machine, err)
 		}
 	}
-	return mg.Keep(ctx, KeepRequest{Source: m.Name, Name: name, Identity: req.Identity})
+	p, err := mg.planKeep(ctx, "checkpoint", KeepRequest{Source: req.Machine, Name: name, Identity: req.Identity}, l)
+	if err != nil {
+		return nil, err
+	}
+	if !p.live {
+		return nil, fmt.Errorf("checkpoint %q: machine is %s: %w", p.src.Name, p.src.State, ErrNotRunning)
+	}
+	p.command = "checkpoint"
+	return p, nil
+}
+
+// Checkpoint keeps running machine req.Machine's current instant as a
+// template; the machine pauses as for a fork and runs on.
+func (mg *Manager) Checkpoint(ctx context.Context, req CheckpointRequest) (*Template, error) {
+	mg.recoverFirst(ctx)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planCheckpoint(ctx, req, l)
+	if err != nil {
+		return nil, err
+	}
+	return mg.applyKeep(ctx, p)
+}
+
+// PlanCheckpoint checks a checkpoint as Checkpoint does and says what it
+// would do.
+func (mg *Manager) PlanCheckpoint(ctx context.Context, req CheckpointRequest) (*Plan, error) {
+	return dryRun(mg.planCheckpoint(ctx, req, noLocks()))
 }
 
 func (mg *Manager) nextCheckpointName(machine string) (string, error) {
@@ -96,22 +120,28 @@ type RewindRequest struct {
 	Identity IdentityOptions
 }
 
-// Rewind replaces req.Machine's QEMU by a fork of kept template req.To
-// that takes the machine's place. Everything that can be checked is checked
-// before the machine's process is ended; if the new process then fails to
-// come up, the machine is left stopped on its old disk and the error says
-// so.
-func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult, error) {
-	forker, ok := mg.Driver.(Forker)
-	if !ok {
+// rewindPlan is a rewind resolved and checked once.
+type rewindPlan struct {
+	req     RewindRequest
+	starter InPlaceStarter
+	m       *Machine
+	t       *Template
+	// opts are the identity options the rewind's chain runs with.
+	opts IdentityOptions
+}
+
+// planRewind checks a rewind of req.Machine to kept template req.To,
+// taking the template name's lock and then the machine's in l (the order
+// Keep takes).
+func (mg *Manager) planRewind(ctx context.Context, req RewindRequest, l *lockSet) (*rewindPlan, error) {
+	// A rewound machine's new process starts from a record whose files
+	// stay where the old one's were: only a driver that can start in
+	// place can (InPlaceStarter).
+	if _, ok := mg.Driver.(Forker); !ok {
 		return nil, fmt.Errorf("rewind %q: driver %q: %w", req.Machine, mg.Driver.Name(), ErrUnsupported)
 	}
-	// A rewound machine's new process starts from a record whose files
-	// stay where the old one's were: the embedded driver, whose warm pool
-	// starts children in directories made ahead, does that. The libvirt
-	// driver defines a new domain per child, and a domain of that name
-	// exists already.
-	if _, ok := mg.Driver.(Pooler); !ok {
+	starter, ok := mg.Driver.(InPlaceStarter)
+	if !ok {
 		return nil, fmt.Errorf("rewind %q: not supported by the %s driver: %w", req.Machine, mg.Driver.Name(), ErrUnsupported)
 	}
 	if err := ValidateName(req.Machine); err != nil {
@@ -120,20 +150,19 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 	if err := req.Identity.ValidateFor(1); err != nil {
 		return nil, fmt.Errorf("rewind %q: %w", req.Machine, err)
 	}
-	if err := mg.Recover(ctx); err != nil {
-		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
+	if err := ValidateName(req.To); err != nil {
+		return nil, fmt.Errorf("rewind %q: template: %w", req.Machine, err)
 	}
-	// The template's name first, then the machine's: the order Keep takes.
-	t, unlockT, err := mg.lockKept(ctx, req.To)
+	if err := l.take(ctx, req.To); err != nil {
+		return nil, fmt.Errorf("rewind %q: template %q: %w", req.Machine, req.To, err)
+	}
+	t, err := mg.Store.FindKept(req.To)
 	if err != nil {
 		return nil, fmt.Errorf("rewind %q: %w", req.Machine, err)
 	}
-	defer unlockT()
-	unlock, err := mg.Store.Lock(ctx, req.Machine)
-	if err != nil {
+	if err := l.take(ctx, req.Machine); err != nil {
 		return nil, fmt.Errorf("rewind %q: %w", req.Machine, err)
 	}
-	defer unlock()
 	m, err := mg.Get(ctx, req.Machine)
 	if err != nil {
 		return nil, fmt.Errorf("rewind: %w", err)
@@ -142,18 +171,59 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 		return nil, fmt.Errorf("rewind %q to %q: %w", m.Name, req.To, err)
 	}
 	opts := req.Identity
-	own := t.Source == m.Name
-	if own {
+	if t.Source == m.Name {
 		// The checkpoint's hostname, machine-id and host keys are this
 		// machine's own; the clock, the RNG (vmgenid) and the lease are
 		// renewed.
 		opts.Spec.Skip = append(slices.Clone(opts.Spec.Skip), customize.StepHostname, customize.StepMachineID, customize.StepSSHHostKeys)
 	}
+	return &rewindPlan{req: req, starter: starter, m: m, t: t, opts: opts}, nil
+}
+
+// Rewind replaces req.Machine's QEMU by a fork of kept template req.To
+// that takes the machine's place. Everything that can be checked is checked
+// before the machine's process is ended (planRewind); if the new process
+// then fails to come up, the machine is left stopped on its old disk and
+// the error says so.
+func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult, error) {
+	mg.recoverFirst(ctx)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planRewind(ctx, req, l)
+	if err != nil {
+		return nil, err
+	}
+	return mg.applyRewind(ctx, p)
+}
+
+// PlanRewind checks a rewind as Rewind does and says what it would do.
+func (mg *Manager) PlanRewind(ctx context.Context, req RewindRequest) (*Plan, error) {
+	return dryRun(mg.planRewind(ctx, req, noLocks()))
+}
+
+func (p *rewindPlan) render() *Plan {
+	m, t := p.m, p.t
+	out := &Plan{Command: "rewind", Changed: true, Source: t.Name, Template: t.Name, Machines: []string{m.Name}}
+	if m.State == StateRunning {
+		out.add("end machine %q's QEMU (pid %d)", m.Name, m.PID)
+	}
+	out.add("start machine %q from kept template %q (%s) in place, with its name, guest MAC and host ports", m.Name, t.Name, t.ID)
+	if t.Source == m.Name {
+		out.add("renew its clock, RNG and lease; its hostname, machine-id and SSH host keys stay the checkpoint's, its own")
+	} else {
+		out.add("give it its name as hostname and a fresh machine-id and SSH host keys (a checkpoint of %q)", t.Source)
+	}
+	return out
+}
+
+// applyRewind carries out plan p; the caller holds its locks.
+func (mg *Manager) applyRewind(ctx context.Context, p *rewindPlan) (*ChildResult, error) {
+	m, t, req, opts := p.m, p.t, p.req, p.opts
 	old := *m
 	old.State, old.PID = StateStopped, 0
 	// A rewind cut short is undone by the next command: the machine is
 	// put back as the error path below leaves it (repairRewind).
-	done, err := mg.Store.journal(journalEntry{Op: "rewind", Source: m.Name, Template: t.ID, Prior: &old})
+	done, err := mg.Store.journal(journalEntry{Op: opRewind, Source: m.Name, Template: t.ID, Prior: &old})
 	if err != nil {
 		return nil, fmt.Errorf("rewind %q: %w", m.Name, err)
 	}
@@ -182,7 +252,7 @@ func (mg *Manager) Rewind(ctx context.Context, req RewindRequest) (*ChildResult,
 			os.Remove(c.Paths.Disk)
 		}
 	}
-	if err := forker.StartChild(ctx, c, t); err != nil {
+	if err := p.starter.StartInPlace(ctx, c, t); err != nil {
 		dropDisk()
 		return restore(err)
 	}

@@ -38,6 +38,22 @@ type Driver interface {
 // The optional capabilities. A driver asserts each one it offers
 // (var _ vmfork.Forker = (*Driver)(nil)).
 
+// FreezeOptions say what a Forker's Freeze does beyond taking the fork
+// point.
+type FreezeOptions struct {
+	// DetachDevices unplugs the source's extra devices for the freeze when
+	// they forbid it, and plugs them back into the source after (fork
+	// --detach-devices); the template's spec has them detached, so
+	// children are made without them.
+	DetachDevices bool
+	// LeavePaused leaves the source paused once the template is whole,
+	// instead of resuming it (sharedmem.Recipe.LeavePaused). Hibernate
+	// asks for it: the machine's QEMU ends next, and a guest that ran on
+	// after the instant could show clients work (a reply, a TCP ack) that
+	// the resumed machine never did.
+	LeavePaused bool
+}
+
 // Forker is the optional driver capability to fork machines.
 type Forker interface {
 	// Freeze takes a fork point of running machine src into template t:
@@ -49,7 +65,8 @@ type Forker interface {
 	// and t.Paths.RAM MUST NOT exist; the caller removes t's other files.
 	// src's record is saved by the caller also on error: once the disk
 	// switch is done src runs on its new overlay whatever failed after.
-	Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error)
+	// opts say what the freeze does beyond that.
+	Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error)
 
 	// StartChild starts child from template t (device state and RAM) and
 	// returns once it runs, its NIC link down. Not idempotent. On error no
@@ -73,6 +90,20 @@ type Pooler interface {
 	// link down and lets it run. Not idempotent: a member is completed
 	// once. On error m's process MUST be killed.
 	Complete(ctx context.Context, m *Machine, t *Template) error
+}
+
+// InPlaceStarter is the optional driver capability to start a new process
+// for a machine that keeps its name and files (rewind, resume), where
+// StartChild starts a machine new to the driver. The embedded driver can:
+// a machine is its directory and its process. The libvirt driver cannot:
+// a child is a new domain, and a domain of that name exists already.
+type InPlaceStarter interface {
+	// StartInPlace starts machine m's new process from template t, as
+	// StartChild does (m's old process is gone; its record names its
+	// files, a new disk overlay on t's frozen disk among them), and
+	// returns once it runs, its NIC link down. Not idempotent. On error no
+	// process of m MUST be left.
+	StartInPlace(ctx context.Context, m *Machine, t *Template) error
 }
 
 // LinkSetter is the optional driver capability to switch a machine's NIC

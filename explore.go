@@ -254,14 +254,13 @@ func (mg *Manager) reapExplores(ctx context.Context, res *ReapResult, fail func(
 // lists the tries either way.
 func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *ExploreResult, err error) {
 	start := time.Now()
-	if err := mg.checkExplore(req); err != nil {
-		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
-	}
-	req = req.withDefaults()
-	names, err := mg.branchNames(req)
+	// Checked whole before anything is made; the fork below plans again
+	// under the source's lock.
+	p, err := mg.planExplore(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+		return nil, err
 	}
+	req, names := p.req, p.fork.names()
 	rec, err := mg.Store.newExplore(req.Source, names)
 	if err != nil {
 		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
@@ -287,8 +286,7 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 	}()
 	// The branches carry the TTL from the start: the deadline bounds the
 	// explore's whole life, and that of every branch it keeps.
-	fr, ferr := mg.Fork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel, MaxChildren: req.MaxChildren,
-		Identity: req.Identity, TTL: req.TTL})
+	fr, ferr := mg.Fork(ctx, p.fork.req)
 	if fr == nil {
 		return nil, fmt.Errorf("explore: %w", ferr)
 	}
@@ -310,6 +308,59 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 		mg.Log.WithError(serr).Warn("could not update the explore record")
 	}
 	return res, err
+}
+
+// explorePlan is an explore checked whole: its branches' fork plan and
+// the request with its defaults.
+type explorePlan struct {
+	req  ExploreRequest
+	fork *forkPlan
+}
+
+// planExplore checks an explore and plans the fork of its branches, with
+// no locks: the fork takes them when it runs. It changes nothing.
+func (mg *Manager) planExplore(ctx context.Context, req ExploreRequest) (*explorePlan, error) {
+	if err := mg.checkExplore(req); err != nil {
+		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	req = req.withDefaults()
+	names, err := mg.branchNames(req)
+	if err != nil {
+		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	fp, err := mg.planFork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel,
+		MaxChildren: req.MaxChildren, Identity: req.Identity, TTL: req.TTL}, noLocks())
+	if err != nil {
+		return nil, fmt.Errorf("explore: %w", err)
+	}
+	return &explorePlan{req: req, fork: fp}, nil
+}
+
+// PlanExplore checks an explore as Explore does and says what it would do.
+func (mg *Manager) PlanExplore(ctx context.Context, req ExploreRequest) (*Plan, error) {
+	return dryRun(mg.planExplore(ctx, req))
+}
+
+func (p *explorePlan) render() *Plan {
+	out := p.fork.render()
+	out.Command = "explore"
+	req := p.req
+	for i, c := range p.fork.children {
+		out.add("run try %d in branch %q (at most %v): %s", i+1, c.Name, req.TryTimeout, req.Tries[i])
+	}
+	how := "the first try to exit 0 wins"
+	if req.Score != "" {
+		how = "the try whose score (" + req.Score + ") is highest wins"
+	}
+	switch {
+	case req.KeepAll:
+		out.add("%s; keep every branch", how)
+	case req.KeepAs != "":
+		out.add("%s; fork it into %q and remove every branch", how, req.KeepAs)
+	default:
+		out.add("%s; keep it and remove the other branches", how)
+	}
+	return out
 }
 
 func (req ExploreRequest) withDefaults() ExploreRequest {

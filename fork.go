@@ -86,37 +86,34 @@ type ChildError struct {
 // Fork turns Source into N+1 machines. A running source is paused for a
 // fraction of a second and its children continue from that instant; a
 // stopped source has only its disk, so its children boot fresh from it.
-// Everything that can be checked is checked before the source is paused.
-// When some children fail the others stay, and the error wraps ErrPartial.
+// Everything that can be checked is checked before the source is paused
+// (planFork). When some children fail the others stay, and the error wraps
+// ErrPartial.
 func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, err error) {
 	defer func() { err = mg.Store.explainFull(err, 0) }()
-	forker, ok := mg.Driver.(Forker)
-	if !ok {
-		return nil, fmt.Errorf("fork %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
-	}
-	if err := mg.Recover(ctx); err != nil {
-		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
-	}
-	if err := ValidateName(req.Source); err != nil {
-		return nil, fmt.Errorf("fork: %w", err)
-	}
-	unlock, err := mg.Store.Lock(ctx, req.Source)
-	if err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	defer unlock()
-	p, err := mg.planFork(ctx, forker, req)
+	mg.recoverFirst(ctx)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planFork(ctx, req, l)
 	if err != nil {
 		return nil, err
 	}
+	return mg.applyFork(ctx, p)
+}
+
+// applyFork carries out plan p; the caller holds its locks.
+func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult, err error) {
 	switch p.mode {
 	case forkKept:
-		return mg.forkPlanned(ctx, p)
+		return mg.forkPlanned(ctx, p) // kept.go
 	case forkHibernated:
-		return mg.forkHibernated(ctx, forker, req) // hibernate.go
+		return mg.forkHibernated(ctx, p) // hibernate.go
 	}
 	src := p.source
-	if p.adopted {
+	if p.adopt {
+		if err := mg.recordAdoption(src); err != nil {
+			return nil, fmt.Errorf("fork: %w", err)
+		}
 		// A machine adopted for this fork leaves no record when no child
 		// comes of it (adopt.go).
 		defer func() {
@@ -125,17 +122,16 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 			}
 		}()
 	}
-	f, err := mg.prepareFork(src, p.names)
+	f, err := mg.prepareFork(src, p.names())
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
 	p.tpl = f.tpl
-	mg.applyForkTTL(ctx, req.TTL, f.children)
+	mg.applyForkTTL(ctx, p.req.TTL, f.children)
 	Fault(FaultForkReserved, src.PID)
 	if p.mode == forkLive {
-		f.tpl.DetachDevices = req.DetachDevices
-		if err = mg.preFork(ctx, src, f.tpl, req.Identity); err == nil {
-			err = mg.freezeRunning(ctx, forker, src, f.tpl)
+		if err = mg.preFork(ctx, src, f.tpl, p.req.Identity); err == nil {
+			err = mg.freezeRunning(ctx, p.forker, src, f.tpl, FreezeOptions{DetachDevices: p.req.DetachDevices})
 		}
 	} else {
 		err = mg.freezeStopped(ctx, src, f.tpl)
@@ -158,64 +154,12 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	return res, err
 }
 
-// checkFork validates everything about a fork that can be checked before
-// anything is created or paused, and returns the source, the children's
-// names and whether the source was adopted just now. m and loadErr are the
-// source's refreshed record as planFork loaded it. The caller holds the
-// source's lock.
-func (mg *Manager) checkFork(ctx context.Context, req ForkRequest, m *Machine, loadErr error) (src *Machine, names []string, adopted bool, err error) {
-	src, err = m, loadErr
-	if errors.Is(err, ErrNotFound) {
-		// A machine vmfork did not make, such as an existing libvirt
-		// domain, can be forked when the driver can adopt it (adopt.go).
-		if a, ok := mg.Driver.(Adopter); ok {
-			if src, err = mg.adopt(ctx, a, req.Source); err == nil {
-				adopted = true
-				m := src // the returns below clear src
-				defer func() {
-					if err != nil {
-						mg.forgetFailedAdoption(ctx, m)
-					}
-				}()
-			}
-		}
+// recoverFirst repairs what interrupted commands left (Recover) before a
+// command plans; a repair that fails is logged, and the command goes on.
+func (mg *Manager) recoverFirst(ctx context.Context) {
+	if err := mg.Recover(ctx); err != nil {
+		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
 	}
-	if err != nil {
-		return nil, nil, false, fmt.Errorf("fork: %w", err)
-	}
-	if src.Driver != mg.Driver.Name() {
-		return nil, nil, false, fmt.Errorf("fork %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
-	}
-	if src.Adopted != nil && src.State != StateRunning {
-		// The children of a stopped source boot from its record, which
-		// holds little of an adopted machine's own definition.
-		return nil, nil, false, fmt.Errorf("fork %q: an adopted machine is forked only while it runs, and it is %s: %w", src.Name, src.State, ErrInvalid)
-	}
-	if src.State != StateRunning && src.State != StateStopped {
-		return nil, nil, false, fmt.Errorf("fork %q: machine is %s: %w", src.Name, src.State, ErrInvalid)
-	}
-	if src.State == StateRunning {
-		// Children of a running source wake with its MAC: the identity
-		// chain keeps their link down (identity.go). A driver that cannot
-		// do that fails here, before the source is paused.
-		if _, ok := mg.Driver.(LinkSetter); !ok {
-			return nil, nil, false, fmt.Errorf("fork %q: driver %q cannot set a NIC link: %w", src.Name, mg.Driver.Name(), ErrUnsupported)
-		}
-	}
-	if names, err = mg.childNames(req); err != nil {
-		return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	if err = req.Identity.ValidateFor(len(names)); err != nil {
-		return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	// The children go where the source's NIC is: a bridge or libvirt
-	// network gone since the source started fails here, not after a pause.
-	if nc, ok := mg.Driver.(NetworkChecker); ok {
-		if err = nc.CheckNetwork(ctx, src); err != nil {
-			return nil, nil, false, fmt.Errorf("fork %q: %w", req.Source, err)
-		}
-	}
-	return src, names, adopted, nil
 }
 
 // forkInProgress is what a fork has created before its children start.
@@ -235,14 +179,14 @@ func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, e
 		return nil, err
 	}
 	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
-	tpl.SourceParent, tpl.SourceTemplate = src.Parent, src.Template
+	tpl.SourceParent, tpl.SourceTemplate, tpl.SourceGuestMAC = src.Parent, src.Template, src.GuestMAC
 	if src.Spec.Disk == "" {
 		tpl.Paths.Disk = "" // a diskless source freezes no disk
 	}
 	f := &forkInProgress{mg: mg, tpl: tpl, done: func() {}}
 	// The journal entry lives for the whole fork: if this process dies, the
 	// next command resumes the source and removes unfinished children.
-	if f.done, err = mg.Store.journal(journalEntry{Op: "fork", Source: src.Name, Template: tpl.ID, Machines: names}); err != nil {
+	if f.done, err = mg.Store.journal(journalEntry{Op: opFork, Source: src.Name, Template: tpl.ID, Machines: names}); err != nil {
 		mg.Store.RemoveTemplate(tpl.ID)
 		return nil, err
 	}
@@ -312,8 +256,8 @@ func (mg *Manager) childNames(req ForkRequest) ([]string, error) {
 				return nil, fmt.Errorf("child name %q is given twice: %w", n, ErrInvalid)
 			}
 			seen[n] = true
-			if _, err := mg.Store.LoadMachine(n); err == nil {
-				return nil, fmt.Errorf("machine %q: %w", n, ErrExists)
+			if err := mg.Store.nameFree(n); err != nil {
+				return nil, err
 			}
 		}
 		return req.Names, nil
@@ -328,7 +272,7 @@ func (mg *Manager) childNames(req ForkRequest) ([]string, error) {
 		if err := ValidateName(n); err != nil {
 			return nil, fmt.Errorf("prefix %q: %w", prefix, err)
 		}
-		if _, err := mg.Store.LoadMachine(n); errors.Is(err, ErrNotFound) {
+		if mg.Store.nameFree(n) == nil {
 			names = append(names, n)
 		}
 	}
@@ -369,8 +313,8 @@ func (mg *Manager) release(children []*Machine) {
 }
 
 // freezeRunning freezes a running source.
-func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machine, tpl *Template) error {
-	fr, err := forker.Freeze(ctx, src, tpl)
+func (mg *Manager) freezeRunning(ctx context.Context, forker Forker, src *Machine, tpl *Template, opts FreezeOptions) error {
+	fr, err := forker.Freeze(ctx, src, tpl, opts)
 	// Saved even on error: once the disk switch is done the source runs on
 	// a new top image, whatever failed after it.
 	if serr := mg.Store.SaveMachine(src); serr != nil && err == nil {
@@ -434,6 +378,67 @@ func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Templat
 		return fmt.Errorf("freeze disk: %w", err)
 	}
 	return mg.frozen(ctx, src, tpl, FreezeResult{})
+}
+
+// repairFork repairs a fork or template save whose vmfork process died
+// (journal.go): the source runs again (resumed if the freeze left it
+// paused, on the disk the freeze switched it to), the children that had
+// not finished go (repairMachine), and a template reserved but never
+// recorded goes; a kept template whose freeze never finished is not kept
+// after all. done is false when a name it needs is locked by a live
+// command, or a source could not be resumed.
+func (mg *Manager) repairFork(ctx context.Context, e journalEntry) (done bool, err error) {
+	lockName := e.Source
+	var tpl *Template
+	if e.Template != "" {
+		if t, err := mg.Store.LoadTemplate(e.Template); err == nil {
+			tpl = t
+			if lockName == "" {
+				lockName = t.Name // a fork of a kept template holds its name
+			}
+		}
+	}
+	if lockName != "" {
+		unlock, err := mg.tryLock(ctx, lockName)
+		if err != nil {
+			return false, nil
+		}
+		defer unlock()
+	}
+	if src, err := mg.Store.LoadMachine(e.Source); err == nil && src.Driver == mg.Driver.Name() {
+		if tpl != nil {
+			if err := mg.repairSourceDisk(src, tpl); err != nil {
+				return false, fmt.Errorf("repair %q after an interrupted %s: %w", e.Source, e.Op, err)
+			}
+		}
+		if forker, ok := mg.Driver.(Forker); ok {
+			if st, _ := mg.Driver.Status(ctx, src); st != StateStopped {
+				if err := forker.Resume(ctx, src); err != nil {
+					return false, fmt.Errorf("resume %q after an interrupted %s: %w", e.Source, e.Op, err)
+				}
+				mg.Log.WithField("machine", e.Source).Warn("made sure a machine an interrupted fork had paused runs")
+			}
+		}
+	}
+	done, err = mg.repairMachines(ctx, e)
+	if e.Template == "" {
+		return done, err
+	}
+	var errs []error
+	if tpl == nil {
+		// Reserved but never recorded: nothing can use it.
+		mg.Store.RemoveTemplate(e.Template)
+	} else if tpl.Name != "" && !tpl.HasMemory && tpl.Paths.RAM != "" {
+		// A kept template whose freeze never finished: not kept after
+		// all, and collectTemplates takes it.
+		tpl.Name, tpl.PoolSize = "", 0
+		if werr := mg.Store.WriteTemplate(tpl); werr != nil {
+			errs = append(errs, werr)
+		}
+		mg.Log.WithField("template", tpl.ID).Warn("gave up a template an interrupted save left half-made")
+	}
+	mg.Store.removeTempFiles(e.Template)
+	return done && len(errs) == 0, errors.Join(append([]error{err}, errs...)...)
 }
 
 type childOutcome struct {

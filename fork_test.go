@@ -67,11 +67,11 @@ func (d *fakeDriver) Agent(ctx context.Context, m *Machine) (*qmp.Agent, error) 
 	return nil, errors.New("fake driver has no agent")
 }
 
-func (d *fakeDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
+func (d *fakeDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.freezeSeen++
-	if FreezeLeavesPaused(ctx) {
+	if opts.LeavePaused {
 		d.paused[src.Name] = true // until Resume, as QEMU's would be
 	}
 	if d.freezeErr != nil {

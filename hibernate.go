@@ -13,7 +13,6 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
-	"github.com/vmfork/vmfork/customize"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -44,19 +43,6 @@ import (
 // and frees the mem dir, leaving a complete hibernated machine. A resume cut
 // short is put back to hibernated: the RAM file on disk is removed only
 // once the resumed machine runs.
-
-// leavePausedKey marks a freeze's context: the source stays paused after it.
-type leavePausedKey struct{}
-
-// FreezeLeavesPaused reports whether a Forker's Freeze called with ctx must
-// leave the source paused once the template is whole, instead of resuming
-// it (sharedmem.Recipe.LeavePaused). Hibernate asks for it: the machine's
-// QEMU ends next, and a guest that ran on after the instant could show
-// clients work (a reply, a TCP ack) that the resumed machine never did.
-func FreezeLeavesPaused(ctx context.Context) bool {
-	v, _ := ctx.Value(leavePausedKey{}).(bool)
-	return v
-}
 
 // fileHibernatedRAM is the RAM file of a hibernated machine's template, in
 // the template's directory under the state dir.
@@ -91,68 +77,89 @@ type HibernateResult struct {
 	ElapsedMS    float64 `json:"elapsed_ms"`
 }
 
-// ResumeRequest asks to resume hibernated machine Machine. Identity edits
-// the resume's chain, which runs only the agent and clock steps.
-type ResumeRequest struct {
-	Machine  string
-	Identity IdentityOptions
-}
-
-// hibernator returns the driver's Forker if it can hibernate: resume
-// starts a new process from a record whose files stay where the machine's
-// were, which only a driver with in-place starts does (as for rewind).
-func (mg *Manager) hibernator(verb, name string) (Forker, error) {
+// inPlacer returns the driver's Forker and InPlaceStarter for verb on
+// machine name: hibernate needs them for the resume to come, which starts
+// a new process from a record whose files stay where the machine's were.
+func (mg *Manager) inPlacer(verb, name string) (Forker, InPlaceStarter, error) {
 	forker, ok := mg.Driver.(Forker)
-	_, inPlace := mg.Driver.(Pooler)
+	starter, inPlace := mg.Driver.(InPlaceStarter)
 	if !ok || !inPlace {
-		return nil, fmt.Errorf("%s %q: %s is not supported by the %s driver: %w", verb, name, verb, mg.Driver.Name(), ErrUnsupported)
+		return nil, nil, fmt.Errorf("%s %q: %s is not supported by the %s driver: %w", verb, name, verb, mg.Driver.Name(), ErrUnsupported)
 	}
 	if err := ValidateName(name); err != nil {
-		return nil, fmt.Errorf("%s: %w", verb, err)
+		return nil, nil, fmt.Errorf("%s: %w", verb, err)
 	}
-	return forker, nil
+	return forker, starter, nil
 }
 
-// checkHibernate refuses what cannot be hibernated, before anything changes.
-func (mg *Manager) checkHibernate(m *Machine) error {
+// hibernatePlan is a hibernate resolved and checked once.
+type hibernatePlan struct {
+	forker Forker
+	m      *Machine
+}
+
+// planHibernate checks a hibernate of machine name, taking its lock in l.
+func (mg *Manager) planHibernate(ctx context.Context, name string, l *lockSet) (*hibernatePlan, error) {
+	forker, _, err := mg.inPlacer("hibernate", name)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.take(ctx, name); err != nil {
+		return nil, fmt.Errorf("hibernate %q: %w", name, err)
+	}
+	m, err := mg.Get(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("hibernate: %w", err)
+	}
 	switch {
 	case m.Driver != mg.Driver.Name():
-		return fmt.Errorf("hibernate %q: machine belongs to driver %q: %w", m.Name, m.Driver, ErrInvalid)
+		return nil, fmt.Errorf("hibernate %q: machine belongs to driver %q: %w", m.Name, m.Driver, ErrInvalid)
 	case m.Adopted != nil:
-		return fmt.Errorf("hibernate %q: an adopted machine's process is its owner's to end: %w", m.Name, ErrUnsupported)
+		return nil, fmt.Errorf("hibernate %q: an adopted machine's process is its owner's to end: %w", m.Name, ErrUnsupported)
 	case m.State == StateHibernated:
-		return fmt.Errorf("hibernate %q: machine is hibernated already: %w", m.Name, ErrInvalid)
+		return nil, fmt.Errorf("hibernate %q: machine is hibernated already: %w", m.Name, ErrInvalid)
 	case m.State != StateRunning:
-		return fmt.Errorf("hibernate %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
+		return nil, fmt.Errorf("hibernate %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
 	}
-	return nil
+	if err := mg.checkHibernateSpace(m); err != nil {
+		return nil, fmt.Errorf("hibernate %q: %w", name, err)
+	}
+	return &hibernatePlan{forker: forker, m: m}, nil
 }
 
 // Hibernate freezes running machine name, writes its RAM to disk and ends
 // its QEMU. Until the record says hibernated any failure leaves the machine
 // running; the error says which.
 func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateResult, err error) {
-	start := time.Now()
 	defer func() { err = mg.Store.explainFull(err, 0) }()
-	forker, err := mg.hibernator("hibernate", name)
+	mg.recoverFirst(ctx)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planHibernate(ctx, name, l)
 	if err != nil {
 		return nil, err
 	}
-	if err := mg.Recover(ctx); err != nil {
-		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
-	}
-	unlock, err := mg.Store.Lock(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("hibernate %q: %w", name, err)
-	}
-	defer unlock()
-	m, err := mg.Get(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("hibernate: %w", err)
-	}
-	if err := mg.checkHibernate(m); err != nil {
-		return nil, err
-	}
+	return mg.applyHibernate(ctx, p)
+}
+
+// PlanHibernate checks a hibernate as Hibernate does and says what it would
+// do.
+func (mg *Manager) PlanHibernate(ctx context.Context, name string) (*Plan, error) {
+	return dryRun(mg.planHibernate(ctx, name, noLocks()))
+}
+
+func (p *hibernatePlan) render() *Plan {
+	m := p.m
+	out := &Plan{Command: "hibernate", Changed: true, Source: m.Name, SourcePauses: true, Machines: []string{m.Name}}
+	out.add("pause running machine %q for a fraction of a second and freeze it into a new template", m.Name)
+	out.add("write its RAM (%d MiB) sparse under the state dir and end its QEMU (pid %d); the mem dir gets its RAM back", m.Spec.MemoryMiB, m.PID)
+	return out
+}
+
+// applyHibernate carries out plan p; the caller holds its lock.
+func (mg *Manager) applyHibernate(ctx context.Context, p *hibernatePlan) (*HibernateResult, error) {
+	start := time.Now()
+	m, name := p.m, p.m.Name
 	t, done, err := mg.prepareHibernation(m)
 	if err != nil {
 		return nil, fmt.Errorf("hibernate %q: %w", name, err)
@@ -161,7 +168,7 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 	// goes as an unused one. The freeze leaves m paused: resumed here (a
 	// no-op on a machine that runs).
 	runsOn := func(err error) (*HibernateResult, error) {
-		if rerr := forker.Resume(context.WithoutCancel(ctx), m); rerr != nil {
+		if rerr := p.forker.Resume(context.WithoutCancel(ctx), m); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("resume: %v: %w", rerr, ErrStillPaused))
 		}
 		m.State, m.Hibernated = StateRunning, ""
@@ -174,10 +181,7 @@ func (mg *Manager) Hibernate(ctx context.Context, name string) (res *HibernateRe
 		mg.collectTemplates(ctx)
 		return nil, fmt.Errorf("hibernate %q: %w (the machine runs on)", name, err)
 	}
-	if err := mg.checkHibernateSpace(m); err != nil {
-		return runsOn(err)
-	}
-	if err := mg.freezeRunning(context.WithValue(ctx, leavePausedKey{}, true), forker, m, t); err != nil {
+	if err := mg.freezeRunning(ctx, p.forker, m, t, FreezeOptions{LeavePaused: true}); err != nil {
 		return runsOn(err)
 	}
 	Fault(FaultHibernateFrozen, m.PID)
@@ -231,11 +235,11 @@ func (mg *Manager) prepareHibernation(m *Machine) (*Template, func(), error) {
 		return nil, nil, err
 	}
 	t.Driver, t.Accel, t.Spec = m.Driver, m.Accel, m.Spec
-	t.SourceParent, t.SourceTemplate = m.Parent, m.Template
+	t.SourceParent, t.SourceTemplate, t.SourceGuestMAC = m.Parent, m.Template, m.GuestMAC
 	if m.Spec.Disk == "" {
 		t.Paths.Disk = ""
 	}
-	done, err := mg.Store.journal(journalEntry{Op: "hibernate", Source: m.Name, Template: t.ID})
+	done, err := mg.Store.journal(journalEntry{Op: opHibernate, Source: m.Name, Template: t.ID})
 	if err != nil {
 		mg.Store.RemoveTemplate(t.ID)
 		return nil, nil, err
@@ -289,158 +293,6 @@ func (mg *Manager) endHibernated(ctx context.Context, m *Machine, t *Template) (
 		return stored, fmt.Errorf("free RAM file: %w", err)
 	}
 	return stored, nil
-}
-
-// Resume continues hibernated machine req.Machine from its template, in
-// place. If the new process fails to come up the machine stays hibernated
-// and the error says so.
-func (mg *Manager) Resume(ctx context.Context, req ResumeRequest) (res *ChildResult, err error) {
-	start := time.Now()
-	defer func() { err = mg.Store.explainFull(err, 0) }()
-	forker, err := mg.hibernator("resume", req.Machine)
-	if err != nil {
-		return nil, err
-	}
-	if err := req.Identity.ValidateFor(1); err != nil {
-		return nil, fmt.Errorf("resume %q: %w", req.Machine, err)
-	}
-	if err := mg.Recover(ctx); err != nil {
-		mg.Log.WithError(err).Warn("repairing an interrupted command failed")
-	}
-	unlock, err := mg.Store.Lock(ctx, req.Machine)
-	if err != nil {
-		return nil, fmt.Errorf("resume %q: %w", req.Machine, err)
-	}
-	defer unlock()
-	m, t, err := mg.hibernatedMachine(ctx, "resume", req.Machine)
-	if err != nil {
-		return nil, err
-	}
-	done, err := mg.Store.journal(journalEntry{Op: "resume", Source: m.Name, Template: t.ID})
-	if err != nil {
-		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
-	}
-	defer done()
-	if err := mg.Store.thaw(ctx, t); err != nil {
-		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
-	}
-	old := *m
-	c, err := mg.resumedMachine(ctx, m, t)
-	fail := func(err error) (*ChildResult, error) {
-		if c != nil && c.Paths.Disk != old.Paths.Disk {
-			os.Remove(c.Paths.Disk)
-		}
-		old.Template = t.ID // as a crashed resume leaves it (journal.go)
-		if serr := mg.Store.SaveMachine(&old); serr != nil {
-			err = errors.Join(err, serr)
-		}
-		return nil, fmt.Errorf("resume %q: %w (the machine stays hibernated)", m.Name, err)
-	}
-	if err != nil {
-		return fail(err)
-	}
-	if err := forker.StartChild(ctx, c, t); err != nil {
-		return fail(err)
-	}
-	running := time.Since(start)
-	Fault(FaultResumeRunning, c.PID)
-	opts := req.Identity
-	opts.Edit = resumeChain(opts.Edit)
-	id, err := mg.applyIdentity(ctx, c, t, 1, true, opts)
-	if err != nil {
-		mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
-		return fail(fmt.Errorf("identity: %w", err))
-	}
-	c.State, c.Hibernated = StateRunning, ""
-	if err := mg.Store.SaveMachine(c); err != nil {
-		return nil, err
-	}
-	if c.Paths.Disk != "" {
-		overlay.RemoveOldTops(c.Paths.Dir, c.Paths.Disk)
-	}
-	// The machine maps the thawed RAM now; the copy on disk has served.
-	if t.Hibernation != "" {
-		os.Remove(t.Hibernation)
-		t.Hibernation = ""
-		if err := mg.Store.WriteTemplate(t); err != nil {
-			mg.Log.WithError(err).Warn("could not record the resumed machine's template")
-		}
-	}
-	mg.Log.WithFields(logrus.Fields{"machine": c.Name, "template": t.ID}).Info("machine resumed")
-	return &ChildResult{
-		Name: c.Name, PID: c.PID, State: StateRunning, Ports: c.Spec.Ports, Identity: id,
-		RunningMS: ms(running), ReadyMS: ms(time.Since(start)),
-	}, nil
-}
-
-// hibernatedMachine loads hibernated machine name and its template and
-// checks that the template fits this host. The caller holds name's lock.
-func (mg *Manager) hibernatedMachine(ctx context.Context, verb, name string) (*Machine, *Template, error) {
-	m, err := mg.Store.LoadMachine(name)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", verb, err)
-	}
-	if m.State != StateHibernated {
-		return nil, nil, fmt.Errorf("%s %q: machine is %s, not hibernated: %w", verb, name, m.State, ErrInvalid)
-	}
-	t, err := mg.Store.LoadTemplate(m.Hibernated)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
-	}
-	if err := mg.CheckTemplate(ctx, t); err != nil {
-		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)
-	}
-	return m, t, nil
-}
-
-// resumedMachine is machine m's record as a child of its hibernation
-// template t (inPlaceChild): the same machine going on, so its vmgenid
-// stays (no RNG reseed is due) and its NIC keeps the MAC its guest has.
-func (mg *Manager) resumedMachine(ctx context.Context, m *Machine, t *Template) (*Machine, error) {
-	return mg.inPlaceChild(ctx, m, t, func(c *Machine) error {
-		c.VMGenID = t.VMGenID
-		return nil
-	})
-}
-
-// resumeChain runs only the agent and clock steps of a resumed machine's
-// chain, then edit: it keeps the identity it had, and its clock is behind
-// by the time it slept.
-func resumeChain(edit func(customize.Chain) customize.Chain) func(customize.Chain) customize.Chain {
-	return func(c customize.Chain) customize.Chain {
-		var skip []string
-		for _, n := range c.Names() {
-			if n != customize.StepAgent && n != customize.StepClock {
-				skip = append(skip, n)
-			}
-		}
-		c = c.Skip("resume: the machine keeps its identity", skip...)
-		if edit != nil {
-			c = edit(c)
-		}
-		return c
-	}
-}
-
-// forkHibernated makes children of hibernated machine src's template; src
-// stays hibernated. The caller holds src's lock.
-func (mg *Manager) forkHibernated(ctx context.Context, forker Forker, req ForkRequest) (*ForkResult, error) {
-	_, t, err := mg.hibernatedMachine(ctx, "fork", req.Source)
-	if err != nil {
-		return nil, err
-	}
-	// Journaled, so that a kill in the middle of the copy leaves no
-	// temporary file (a fork entry with only a template: journal.go).
-	done, err := mg.Store.journal(journalEntry{Op: "fork", Template: t.ID})
-	if err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	err = mg.Store.thaw(ctx, t)
-	done()
-	if err != nil {
-		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	return mg.forkKept(ctx, forker, req, t)
 }
 
 // thaw brings hibernated template t's RAM back to its place in the mem dir,
@@ -567,37 +419,45 @@ func dataExtents(f *os.File, size int64, fn func(off, end int64) error) error {
 	return nil
 }
 
-// repairHibernation finishes or undoes a hibernate or resume whose vmfork
-// process died (journal.go): a hibernate that reached its commit is
-// finished, one that did not leaves the machine running; a resume that did
-// not finish leaves the machine hibernated, and one that did has its RAM
-// file on disk removed.
-func (mg *Manager) repairHibernation(ctx context.Context, e journalEntry) (done bool, err error) {
-	unlock, err := mg.tryLock(ctx, e.Source)
+// hibernationEntry locks and loads what hibernate or resume entry e names,
+// for their repairs: the machine (nil when rm took it since, or it is
+// another driver's) and its template (terr when that is gone). ok is false
+// while a live command holds the machine's name. unlock also removes the
+// entry's temporary files.
+func (mg *Manager) hibernationEntry(ctx context.Context, e journalEntry) (m *Machine, t *Template, terr error, unlock func(), ok bool) {
+	release, err := mg.tryLock(ctx, e.Source)
 	if err != nil {
+		return nil, nil, nil, nil, false
+	}
+	unlock = func() {
+		mg.Store.removeTempFiles(e.Template)
+		release()
+	}
+	m, err = mg.Store.LoadMachine(e.Source)
+	if err != nil || m.Driver != mg.Driver.Name() {
+		return nil, nil, nil, unlock, true
+	}
+	t, terr = mg.Store.LoadTemplate(e.Template)
+	return m, t, terr, unlock, true
+}
+
+// repairHibernate finishes or undoes a hibernate whose vmfork process died
+// (journal.go): one that reached its commit is finished, one that did not
+// leaves the machine running.
+func (mg *Manager) repairHibernate(ctx context.Context, e journalEntry) (done bool, err error) {
+	m, t, terr, unlock, ok := mg.hibernationEntry(ctx, e)
+	if !ok {
 		return false, nil
 	}
 	defer unlock()
-	defer mg.Store.removeTempFiles(e.Template)
-	m, err := mg.Store.LoadMachine(e.Source)
-	if err != nil || m.Driver != mg.Driver.Name() {
-		return true, nil // removed since: rm took its files
+	if m == nil || m.Hibernated != e.Template {
+		return true, nil
 	}
-	t, terr := mg.Store.LoadTemplate(e.Template)
 	log := mg.Log.WithFields(logrus.Fields{"machine": m.Name, "template": e.Template})
 	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("repair %q after an interrupted %s: %w", m.Name, e.Op, err)
 	}
-	switch {
-	case m.Hibernated != e.Template:
-		if e.Op == "resume" && terr == nil && m.Template == t.ID && t.Hibernation != "" {
-			// Resumed, and killed before the copy on disk was removed.
-			os.Remove(t.Hibernation)
-			t.Hibernation = ""
-			return true, mg.Store.WriteTemplate(t)
-		}
-		return true, nil
-	case e.Op == "hibernate" && m.State == StateHibernated:
+	if m.State == StateHibernated {
 		if terr != nil {
 			return fail(terr)
 		}
@@ -610,82 +470,26 @@ func (mg *Manager) repairHibernation(ctx context.Context, e journalEntry) (done 
 			return true, nil
 		}
 		log.Warn("finished a hibernate that was interrupted after its commit")
-	case e.Op == "hibernate":
-		// Not committed: the machine runs on (resumed if the freeze left it
-		// paused), on the disk the freeze switched it to.
-		if terr == nil {
-			if err := mg.repairSourceDisk(m, t); err != nil {
+		return true, nil
+	}
+	// Not committed: the machine runs on (resumed if the freeze left it
+	// paused), on the disk the freeze switched it to.
+	if terr == nil {
+		if err := mg.repairSourceDisk(m, t); err != nil {
+			return fail(err)
+		}
+	}
+	if forker, ok := mg.Driver.(Forker); ok {
+		if st, _ := mg.Driver.Status(ctx, m); st != StateStopped {
+			if err := forker.Resume(ctx, m); err != nil {
 				return fail(err)
 			}
 		}
-		if forker, ok := mg.Driver.(Forker); ok {
-			if st, _ := mg.Driver.Status(ctx, m); st != StateStopped {
-				if err := forker.Resume(ctx, m); err != nil {
-					return fail(err)
-				}
-			}
-		}
-		m.Hibernated = ""
-		if err := mg.Store.SaveMachine(m); err != nil {
-			return fail(err)
-		}
-		log.Warn("a machine whose hibernate was interrupted runs on")
-	default: // a resume that did not finish
-		if err := mg.stopAll(ctx, m); err != nil {
-			return fail(err)
-		}
-		m.State, m.PID = StateHibernated, 0
-		if err := mg.Store.SaveMachine(m); err != nil {
-			return fail(err)
-		}
-		log.Warn("a machine whose resume was interrupted stays hibernated")
 	}
+	m.Hibernated = ""
+	if err := mg.Store.SaveMachine(m); err != nil {
+		return fail(err)
+	}
+	log.Warn("a machine whose hibernate was interrupted runs on")
 	return true, nil
-}
-
-// PlanHibernate checks a hibernate as Hibernate does and says what it would
-// do.
-func (mg *Manager) PlanHibernate(ctx context.Context, name string) (*Plan, error) {
-	if _, err := mg.hibernator("hibernate", name); err != nil {
-		return nil, err
-	}
-	m, err := mg.Get(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("hibernate: %w", err)
-	}
-	if err := mg.checkHibernate(m); err != nil {
-		return nil, err
-	}
-	p := &Plan{Command: "hibernate", Changed: true, Source: name, SourcePauses: true, Machines: []string{name}}
-	p.add("pause running machine %q for a fraction of a second and freeze it into a new template", name)
-	p.add("write its RAM (%d MiB) sparse under the state dir and end its QEMU (pid %d); the mem dir gets its RAM back", m.Spec.MemoryMiB, m.PID)
-	return p.done(), nil
-}
-
-// PlanResume checks a resume as Resume does and says what it would do.
-func (mg *Manager) PlanResume(ctx context.Context, req ResumeRequest) (*Plan, error) {
-	if _, err := mg.hibernator("resume", req.Machine); err != nil {
-		return nil, err
-	}
-	if err := req.Identity.ValidateFor(1); err != nil {
-		return nil, fmt.Errorf("resume %q: %w", req.Machine, err)
-	}
-	m, err := mg.Store.LoadMachine(req.Machine)
-	if err != nil {
-		return nil, fmt.Errorf("resume: %w", err)
-	}
-	if m.State != StateHibernated {
-		return nil, fmt.Errorf("resume %q: machine is %s, not hibernated: %w", m.Name, m.State, ErrInvalid)
-	}
-	t, err := mg.Store.LoadTemplate(m.Hibernated)
-	if err != nil {
-		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
-	}
-	if err := mg.CheckTemplate(ctx, t); err != nil {
-		return nil, fmt.Errorf("resume %q: %w", m.Name, err)
-	}
-	p := &Plan{Command: "resume", Changed: true, Source: m.Name, Machines: []string{m.Name}}
-	p.add("bring machine %q's RAM back from %s to the mem dir", m.Name, t.Hibernation)
-	p.add("start machine %q from template %s where it stopped, with its name, MAC and ports; step its clock to the host's", m.Name, t.ID)
-	return p.done(), nil
 }

@@ -18,8 +18,8 @@ import (
 // them all zeros.
 type hibDriver struct{ *poolDriver }
 
-func (d *hibDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
-	fr, err := d.poolDriver.Freeze(ctx, src, t)
+func (d *hibDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error) {
+	fr, err := d.poolDriver.Freeze(ctx, src, t, opts)
 	if err != nil {
 		return fr, err
 	}
@@ -179,7 +179,7 @@ func TestHibernateCrashRepair(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := mg.freezeRunning(t.Context(), d, m, tpl); err != nil {
+		if err := mg.freezeRunning(t.Context(), d, m, tpl, FreezeOptions{LeavePaused: true}); err != nil {
 			t.Fatal(err)
 		}
 		orphanJournal(t, mg.Store)
@@ -202,7 +202,7 @@ func TestHibernateCrashRepair(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := mg.freezeRunning(t.Context(), d, m, tpl); err != nil {
+		if err := mg.freezeRunning(t.Context(), d, m, tpl, FreezeOptions{LeavePaused: true}); err != nil {
 			t.Fatal(err)
 		}
 		m.State = StateHibernated // the commit; the RAM is in the mem dir only

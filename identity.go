@@ -154,9 +154,14 @@ func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts Id
 }
 
 // inheritedMACs are the MACs child c's guest may have at its first instant:
-// its template's configured one and the one its source's chain chose.
+// its template's configured one and the one its source's chain chose
+// (recorded in the template; a template made before vmfork recorded it
+// falls back to the source's record).
 func (mg *Manager) inheritedMACs(c *Machine, tpl *Template) []string {
 	macs := []string{tpl.Spec.MAC}
+	if tpl.SourceGuestMAC != "" {
+		return append(macs, tpl.SourceGuestMAC)
+	}
 	if src, err := mg.Store.LoadMachine(c.Parent); err == nil && src.GuestMAC != "" {
 		macs = append(macs, src.GuestMAC)
 	}

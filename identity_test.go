@@ -31,11 +31,11 @@ func (d *linkDriver) SetLink(_ context.Context, m *Machine, up bool) error {
 
 // Freeze implements Forker. The fake source has no disk; the template then
 // has none either.
-func (d *linkDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
+func (d *linkDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error) {
 	if src.Spec.Disk == "" {
 		t.Paths.Disk = ""
 	}
-	return d.fakeDriver.Freeze(ctx, src, t)
+	return d.fakeDriver.Freeze(ctx, src, t, opts)
 }
 
 // chainOf replaces the identity chain with steps; the fake driver has no

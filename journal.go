@@ -25,7 +25,7 @@ import (
 // run acts on: a source to resume, machines to remove that never finished
 // starting, a removal to finish.
 type journalEntry struct {
-	Op       string    `json:"op"`
+	Op       journalOp `json:"op"`
 	Source   string    `json:"source,omitempty"`
 	Template string    `json:"template,omitempty"`
 	Machines []string  `json:"machines,omitempty"` // created (or, for rm, removed) by the operation
@@ -34,6 +34,42 @@ type journalEntry struct {
 	// Prior is the record to put back when the operation is undone: a
 	// rewind's machine, stopped on its disk from before (checkpoint.go).
 	Prior *Machine `json:"prior,omitempty"`
+}
+
+// journalOp is what an entry's command was doing. Each has its repair in
+// its verb's file (repairOf).
+type journalOp string
+
+const (
+	opBoot      journalOp = "boot"      // boot.go: repairBoot
+	opFork      journalOp = "fork"      // fork and template save, fork.go: repairFork
+	opRm        journalOp = "rm"        // remove.go: repairRm
+	opPool      journalOp = "pool"      // a warm pool's fill, pool.go: repairPoolFill
+	opHibernate journalOp = "hibernate" // hibernate.go: repairHibernate
+	opResume    journalOp = "resume"    // resume.go: repairResume
+	opRewind    journalOp = "rewind"    // checkpoint.go: repairRewind
+)
+
+// repairOf returns the repair of op's entries; an op this vmfork does not
+// know (a newer one's) gets nil, and its entry is left for that vmfork.
+func (mg *Manager) repairOf(op journalOp) func(context.Context, journalEntry) (bool, error) {
+	switch op {
+	case opBoot:
+		return mg.repairBoot
+	case opFork:
+		return mg.repairFork
+	case opRm:
+		return mg.repairRm
+	case opPool:
+		return mg.repairPoolFill
+	case opHibernate:
+		return mg.repairHibernate
+	case opResume:
+		return mg.repairResume
+	case opRewind:
+		return mg.repairRewind
+	}
+	return nil
 }
 
 var journalSeq atomic.Uint64
@@ -135,11 +171,16 @@ func (mg *Manager) Recover(ctx context.Context) error {
 	}
 	var errs []error
 	for path, e := range entries {
+		repair := mg.repairOf(e.Op)
+		if repair == nil {
+			mg.Log.WithField("op", e.Op).Warn("a journal entry of an operation this vmfork does not know is left as it is")
+			continue
+		}
 		claimed, ok := claim(path)
 		if !ok {
 			continue // another command is repairing it
 		}
-		done, err := mg.repair(ctx, e)
+		done, err := repair(ctx, e)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -153,71 +194,15 @@ func (mg *Manager) Recover(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// repair acts on one abandoned entry; done is false when it must be tried
-// again later (a name it needs is locked by a live command, or a source
-// could not be resumed).
-func (mg *Manager) repair(ctx context.Context, e journalEntry) (done bool, err error) {
-	if e.Op == "hibernate" || e.Op == "resume" {
-		return mg.repairHibernation(ctx, e) // hibernate.go
-	}
-	if e.Op == "rewind" {
-		return mg.repairRewind(ctx, e) // checkpoint.go
-	}
-	lockName := e.Source
-	var tpl *Template
-	if e.Template != "" {
-		if t, err := mg.Store.LoadTemplate(e.Template); err == nil {
-			tpl = t
-			if lockName == "" {
-				lockName = t.Name // a fork of a kept template holds its name
-			}
-		}
-	}
-	if lockName != "" {
-		unlock, err := mg.tryLock(ctx, lockName)
-		if err != nil {
-			return false, nil
-		}
-		defer unlock()
-	}
-	if src, err := mg.Store.LoadMachine(e.Source); err == nil && src.Driver == mg.Driver.Name() {
-		if tpl != nil {
-			if err := mg.repairSourceDisk(src, tpl); err != nil {
-				return false, fmt.Errorf("repair %q after an interrupted %s: %w", e.Source, e.Op, err)
-			}
-		}
-		if forker, ok := mg.Driver.(Forker); ok {
-			if st, _ := mg.Driver.Status(ctx, src); st != StateStopped {
-				if err := forker.Resume(ctx, src); err != nil {
-					return false, fmt.Errorf("resume %q after an interrupted %s: %w", e.Source, e.Op, err)
-				}
-				mg.Log.WithField("machine", e.Source).Warn("made sure a machine an interrupted fork had paused runs")
-			}
-		}
-	}
+// repairMachines removes (or, for an rm, finishes removing) every machine
+// entry e names (repairMachine); done is false when one must be tried
+// again later.
+func (mg *Manager) repairMachines(ctx context.Context, e journalEntry) (done bool, err error) {
 	var errs []error
 	for _, name := range e.Machines {
 		if err := mg.repairMachine(ctx, e, name); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	if e.Op == "pool" && tpl != nil {
-		mg.repairPool(ctx, tpl)
-		mg.Store.removeTempFiles(e.Template) // a killed member's start RAM file
-	} else if e.Template != "" {
-		if tpl == nil {
-			// Reserved but never recorded: nothing can use it.
-			mg.Store.RemoveTemplate(e.Template)
-		} else if tpl.Name != "" && !tpl.HasMemory && tpl.Paths.RAM != "" {
-			// A kept template whose freeze never finished: not kept after
-			// all, and collectTemplates takes it.
-			tpl.Name, tpl.PoolSize = "", 0
-			if err := mg.Store.WriteTemplate(tpl); err != nil {
-				errs = append(errs, err)
-			}
-			mg.Log.WithField("template", tpl.ID).Warn("gave up a template an interrupted save left half-made")
-		}
-		mg.Store.removeTempFiles(e.Template)
 	}
 	return len(errs) == 0, errors.Join(errs...)
 }
@@ -272,7 +257,7 @@ func (mg *Manager) repairMachine(ctx context.Context, e journalEntry, name strin
 	defer unlock()
 	m, err := mg.Store.LoadMachine(name)
 	if errors.Is(err, ErrNotFound) {
-		if e.Op == "rm" {
+		if e.Op == opRm {
 			return mg.Store.RemoveMachine(name) // what a killed rm left in the trash
 		}
 		return nil
@@ -281,11 +266,11 @@ func (mg *Manager) repairMachine(ctx context.Context, e journalEntry, name strin
 		return nil // not vmfork's to kill (adopt.go)
 	}
 	switch e.Op {
-	case "rm":
+	case opRm:
 		if m.Created.After(e.Started) {
 			return nil // a new machine of that name
 		}
-	case "fork":
+	case opFork:
 		if m.State != StateCreating || m.Template != e.Template {
 			return nil // finished, or another fork's
 		}

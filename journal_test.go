@@ -18,7 +18,7 @@ const deadPID = 1 << 30
 func abandon(t *testing.T, s *Store, e journalEntry) {
 	t.Helper()
 	e.PID, e.Started = deadPID, time.Now().UTC().Add(-time.Minute)
-	if err := writeJSON(filepath.Join(s.StateDir, dirJournal, e.Op+"-dead.json"), e); err != nil {
+	if err := writeJSON(filepath.Join(s.StateDir, dirJournal, string(e.Op)+"-dead.json"), e); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -62,6 +62,51 @@ func (s *Store) FindKept(name string) (*Template, error) {
 	return nil, fmt.Errorf("template %q: %w", name, ErrNotFound)
 }
 
+// keepPlan is a template save resolved and checked once (planKeep).
+type keepPlan struct {
+	command string // "template save" or "checkpoint"
+	req     KeepRequest
+	forker  Forker
+	src     *Machine
+	// live: src runs, and its instant (memory and all) is kept; else only
+	// its disk.
+	live bool
+}
+
+// planKeep checks a save of machine req.Source as template req.Name, taking
+// the template name's lock and then the source's in l. It changes nothing.
+// verb ("keep", "checkpoint") starts its errors.
+func (mg *Manager) planKeep(ctx context.Context, verb string, req KeepRequest, l *lockSet) (*keepPlan, error) {
+	forker, ok := mg.Driver.(Forker)
+	if !ok {
+		return nil, fmt.Errorf("%s %q: driver %q: %w", verb, req.Source, mg.Driver.Name(), ErrUnsupported)
+	}
+	if err := mg.checkKeepRequest(verb, req); err != nil {
+		return nil, err
+	}
+	if err := l.take(ctx, req.Name); err != nil {
+		return nil, fmt.Errorf("%s %q: %w", verb, req.Source, err)
+	}
+	if err := mg.Store.nameFree(req.Name); err != nil {
+		return nil, fmt.Errorf("%s %q as %q: %w", verb, req.Source, req.Name, err)
+	}
+	if err := l.take(ctx, req.Source); err != nil {
+		return nil, fmt.Errorf("%s %q: %w", verb, req.Source, err)
+	}
+	src, err := mg.Get(ctx, req.Source)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", verb, err)
+	}
+	if src.Driver != mg.Driver.Name() {
+		return nil, fmt.Errorf("%s %q: machine belongs to driver %q: %w", verb, src.Name, src.Driver, ErrInvalid)
+	}
+	live, err := checkKeepSource(verb, src, req.Pool)
+	if err != nil {
+		return nil, err
+	}
+	return &keepPlan{command: "template save", req: req, forker: forker, src: src, live: live}, nil
+}
+
 // Keep freezes machine req.Source into a template kept as req.Name and
 // starts its warm pool. A running source pauses as for a fork and runs on;
 // a stopped source's template holds only its disk, and children of it boot
@@ -70,43 +115,38 @@ func (s *Store) FindKept(name string) (*Template, error) {
 // ErrPartial.
 func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err error) {
 	defer func() { err = mg.Store.explainFull(err, 0) }()
-	forker, ok := mg.Driver.(Forker)
-	if !ok {
-		return nil, fmt.Errorf("keep %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
-	}
-	if err := mg.checkKeepRequest(req); err != nil {
-		return nil, err
-	}
-	if err := mg.Recover(ctx); err != nil {
-		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
-	}
-	unlockName, err := mg.Store.Lock(ctx, req.Name)
-	if err != nil {
-		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
-	}
-	defer unlockName()
-	if _, err := mg.Store.LoadMachine(req.Name); err == nil {
-		return nil, fmt.Errorf("keep %q as %q: a machine has that name: %w", req.Source, req.Name, ErrExists)
-	}
-	if k, err := mg.Store.FindKept(req.Name); err == nil {
-		return nil, fmt.Errorf("keep %q as %q: template %s is kept under that name: %w", req.Source, req.Name, k.ID, ErrExists)
-	}
-	unlock, err := mg.Store.Lock(ctx, req.Source)
-	if err != nil {
-		return nil, fmt.Errorf("keep %q: %w", req.Source, err)
-	}
-	defer unlock()
-	src, err := mg.Get(ctx, req.Source)
-	if err != nil {
-		return nil, fmt.Errorf("keep: %w", err)
-	}
-	if src.Driver != mg.Driver.Name() {
-		return nil, fmt.Errorf("keep %q: machine belongs to driver %q: %w", src.Name, src.Driver, ErrInvalid)
-	}
-	live, err := checkKeepSource(src, req.Pool)
+	mg.recoverFirst(ctx)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planKeep(ctx, "keep", req, l)
 	if err != nil {
 		return nil, err
 	}
+	return mg.applyKeep(ctx, p)
+}
+
+// PlanKeep checks a template save as Keep does and says what it would do.
+func (mg *Manager) PlanKeep(ctx context.Context, req KeepRequest) (*Plan, error) {
+	return dryRun(mg.planKeep(ctx, "keep", req, noLocks()))
+}
+
+func (p *keepPlan) render() *Plan {
+	req := p.req
+	out := &Plan{Command: p.command, Changed: true, Source: p.src.Name, Template: req.Name, SourcePauses: p.live}
+	if p.live {
+		out.add("pause running machine %q for a fraction of a second and keep that instant as template %q; it carries on", p.src.Name, req.Name)
+	} else {
+		out.add("keep stopped machine %q's disk as template %q (children boot fresh from it); the machine gets an overlay on it", p.src.Name, req.Name)
+	}
+	if req.Pool > 0 {
+		out.add("start %d warm-pool processes of template %q", req.Pool, req.Name)
+	}
+	return out
+}
+
+// applyKeep carries out plan p; the caller holds its locks.
+func (mg *Manager) applyKeep(ctx context.Context, p *keepPlan) (t *Template, err error) {
+	src, req := p.src, p.req
 	f, err := mg.prepareFork(src, nil)
 	if err != nil {
 		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
@@ -115,12 +155,12 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 	t.Name, t.PoolSize = req.Name, req.Pool
 	if err = mg.Store.WriteTemplate(t); err == nil {
 		Fault(FaultSaveReserved, src.PID)
-		if !live {
+		if !p.live {
 			// Disk only: the disk moves into the template, the source
 			// gets an overlay on it (fork.go).
 			err = mg.freezeStopped(ctx, src, t)
 		} else if err = mg.preFork(ctx, src, t, req.Identity); err == nil {
-			err = mg.freezeRunning(ctx, forker, src, t)
+			err = mg.freezeRunning(ctx, p.forker, src, t, FreezeOptions{})
 		}
 	}
 	if err != nil {
@@ -142,18 +182,18 @@ func (mg *Manager) Keep(ctx context.Context, req KeepRequest) (t *Template, err 
 // checkKeepSource checks that src can be kept, with a pool of the given
 // size, and reports whether it runs: a stopped machine's template holds
 // only its disk.
-func checkKeepSource(src *Machine, pool int) (live bool, err error) {
+func checkKeepSource(verb string, src *Machine, pool int) (live bool, err error) {
 	live = src.State == StateRunning
 	if !live && src.State != StateStopped {
-		return false, fmt.Errorf("keep %q: machine is %s; only a running or stopped machine can be kept: %w", src.Name, src.State, ErrInvalid)
+		return false, fmt.Errorf("%s %q: machine is %s; only a running or stopped machine can be kept: %w", verb, src.Name, src.State, ErrInvalid)
 	}
 	if !live && src.Adopted != nil {
 		// As for a fork: a stopped adopted machine's record holds too
 		// little of its own definition to boot children from.
-		return false, fmt.Errorf("keep %q: an adopted machine is kept only while it runs, and it is %s: %w", src.Name, src.State, ErrInvalid)
+		return false, fmt.Errorf("%s %q: an adopted machine is kept only while it runs, and it is %s: %w", verb, src.Name, src.State, ErrInvalid)
 	}
 	if !live && pool > 0 {
-		return false, fmt.Errorf("keep %q: the machine is stopped, so its template holds only its disk and children boot fresh: no warm pool (use --pool 0): %w", src.Name, ErrInvalid)
+		return false, fmt.Errorf("%s %q: the machine is stopped, so its template holds only its disk and children boot fresh: no warm pool (use --pool 0): %w", verb, src.Name, ErrInvalid)
 	}
 	return live, nil
 }
@@ -165,24 +205,66 @@ func checkPoolSize(n int) error {
 	return nil
 }
 
-// SetPool changes kept template name's pool size and starts or stops
-// members to match.
-func (mg *Manager) SetPool(ctx context.Context, name string, size int) (*TemplateStatus, error) {
-	if err := checkPoolSize(size); err != nil {
+// keptPlan is a change to kept template t (template pool, template rm),
+// resolved and checked once.
+type keptPlan struct {
+	verb string // "template pool" or "template rm"
+	t    *Template
+	size int            // template pool: the new pool size
+	st   TemplateStatus // what the template holds and serves now
+}
+
+// planKept resolves kept template name for verb, taking its lock in l.
+func (mg *Manager) planKeptChange(ctx context.Context, verb, name string, l *lockSet) (*keptPlan, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	if err := l.take(ctx, name); err != nil {
 		return nil, fmt.Errorf("template %q: %w", name, err)
 	}
-	t, unlock, err := mg.lockKept(ctx, name)
+	t, err := mg.Store.FindKept(name)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	return &keptPlan{verb: verb, t: t, st: mg.templateStatus(ctx, t, nil)}, nil
+}
+
+// planPool checks a resize of kept template name's pool to size.
+func (mg *Manager) planPool(ctx context.Context, name string, size int, l *lockSet) (*keptPlan, error) {
+	if err := checkPoolSize(size); err != nil {
+		return nil, fmt.Errorf("template %q: %w", name, err)
+	}
+	p, err := mg.planKeptChange(ctx, "template pool", name, l)
+	if err != nil {
+		return nil, err
+	}
+	p.size = size
 	if size > 0 {
+		if _, ok := mg.Driver.(Pooler); !ok {
+			return nil, fmt.Errorf("template %q: driver %q has no warm pool: %w", name, mg.Driver.Name(), ErrUnsupported)
+		}
+		if !p.t.HasMemory {
+			return nil, fmt.Errorf("template %q holds only a disk and its children boot fresh: no warm pool (use 0): %w", name, ErrInvalid)
+		}
 		// Pool members load the template: refuse one that does not fit
 		// this host before starting any (compat.go).
-		if err := mg.CheckTemplate(ctx, t); err != nil {
+		if err := mg.CheckTemplate(ctx, p.t); err != nil {
 			return nil, fmt.Errorf("template %q: %w", name, err)
 		}
 	}
+	return p, nil
+}
+
+// SetPool changes kept template name's pool size and starts or stops
+// members to match.
+func (mg *Manager) SetPool(ctx context.Context, name string, size int) (*TemplateStatus, error) {
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planPool(ctx, name, size, l)
+	if err != nil {
+		return nil, err
+	}
+	t := p.t
 	t.PoolSize = size
 	if err := mg.Store.WriteTemplate(t); err != nil {
 		return nil, err
@@ -192,14 +274,21 @@ func (mg *Manager) SetPool(ctx context.Context, name string, size int) (*Templat
 	return &st, err
 }
 
+// PlanPool checks a pool resize as SetPool does and says what it would do.
+func (mg *Manager) PlanPool(ctx context.Context, name string, size int) (*Plan, error) {
+	return dryRun(mg.planPool(ctx, name, size, noLocks()))
+}
+
 // Unkeep gives up kept template name: its pool stops, and it is removed as
 // soon as no child maps its memory. It reports whether it is gone already.
 func (mg *Manager) Unkeep(ctx context.Context, name string) (gone bool, err error) {
-	t, unlock, err := mg.lockKept(ctx, name)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planKeptChange(ctx, "template rm", name, l)
 	if err != nil {
 		return false, err
 	}
-	defer unlock()
+	t := p.t
 	mg.removePool(ctx, t.ID)
 	t.Name, t.PoolSize = "", 0
 	if err := mg.Store.WriteTemplate(t); err != nil {
@@ -210,21 +299,37 @@ func (mg *Manager) Unkeep(ctx context.Context, name string) (gone bool, err erro
 	return errors.Is(err, ErrNotFound), nil
 }
 
-// lockKept locks kept template name and loads it.
-func (mg *Manager) lockKept(ctx context.Context, name string) (*Template, func(), error) {
-	if err := ValidateName(name); err != nil {
-		return nil, nil, fmt.Errorf("template: %w", err)
+// PlanUnkeep checks a template rm as Unkeep does and says what it would do.
+func (mg *Manager) PlanUnkeep(ctx context.Context, name string) (*Plan, error) {
+	return dryRun(mg.planKeptChange(ctx, "template rm", name, noLocks()))
+}
+
+func (p *keptPlan) render() *Plan {
+	name, st := p.t.Name, p.st
+	out := &Plan{Command: p.verb, Template: name}
+	if p.verb == "template pool" {
+		switch {
+		case p.size > st.Pooled:
+			out.add("start %d warm-pool processes of template %q (it has %d)", p.size-st.Pooled, name, st.Pooled)
+		case p.size < st.Pooled:
+			out.add("stop %d of the %d warm-pool processes of template %q", st.Pooled-p.size, st.Pooled, name)
+		}
+		if p.size != p.t.PoolSize {
+			out.add("record template %q's pool size as %d (was %d)", name, p.size, p.t.PoolSize)
+		}
+		out.Changed = len(out.Actions) > 0
+		return out
 	}
-	unlock, err := mg.Store.Lock(ctx, name)
-	if err != nil {
-		return nil, nil, fmt.Errorf("template %q: %w", name, err)
+	out.Changed = true
+	if st.Pooled > 0 {
+		out.add("stop the %d warm-pool processes of template %q", st.Pooled, name)
 	}
-	t, err := mg.Store.FindKept(name)
-	if err != nil {
-		unlock()
-		return nil, nil, err
+	if st.Children > 0 {
+		out.add("give up the name %q; template %s stays until its %d children are gone", name, p.t.ID, st.Children)
+	} else {
+		out.add("remove template %q (%s) with its RAM, device state and frozen disk unless a disk builds on it", name, p.t.ID)
 	}
-	return t, unlock, nil
+	return out
 }
 
 // Templates lists every template: kept ones and those of live forks that
@@ -271,46 +376,16 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 	return st
 }
 
-// planKept completes plan p of a fork of kept template t: it checks the
-// template and the request before any child is reserved.
-func (mg *Manager) planKept(ctx context.Context, p *forkPlan, t *Template) (err error) {
-	req := p.req
-	// A template copied from another host, or kept across an upgrade of
-	// QEMU, is refused here, before any child is reserved (compat.go).
-	if err := mg.CheckTemplate(ctx, t); err != nil {
-		return fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	if p.names, err = mg.childNames(req); err != nil {
-		return fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	if err := req.Identity.ValidateFor(len(p.names)); err != nil {
-		return fmt.Errorf("fork %q: %w", req.Source, err)
-	}
-	p.mode, p.tpl = forkKept, t
-	p.source = &Machine{Name: t.Source, Driver: t.Driver, Accel: t.Accel, Spec: t.Spec}
-	return nil
-}
-
-// forkKept makes children of kept template t (a hibernated machine's too:
-// hibernate.go); the caller holds the lock of t's name.
-func (mg *Manager) forkKept(ctx context.Context, forker Forker, req ForkRequest, t *Template) (*ForkResult, error) {
-	p := &forkPlan{req: req, forker: forker}
-	if err := mg.planKept(ctx, p, t); err != nil {
-		return nil, err
-	}
-	return mg.forkPlanned(ctx, p)
-}
-
-// forkPlanned makes the children of plan p's kept template; the caller
-// holds the lock of its name. Pool members become the first children; the
+// forkPlanned makes the children of plan p's kept template (a hibernated
+// machine's too: hibernate.go); the caller holds the plan's locks. Pool members become the first children; the
 // pool is refilled once every child is up.
 func (mg *Manager) forkPlanned(ctx context.Context, p *forkPlan) (*ForkResult, error) {
 	req, t := p.req, p.tpl
-	done, err := mg.Store.journal(journalEntry{Op: "fork", Template: t.ID, Machines: p.names})
+	done, err := mg.Store.journal(journalEntry{Op: opFork, Template: t.ID, Machines: p.names()})
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	children, err := mg.reserve(p.source, t, p.names)
+	children, err := mg.reserve(p.source, t, p.names())
 	if err != nil {
 		done()
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
@@ -349,23 +424,23 @@ func (mg *Manager) forkOutcome(source string, t *Template, children []*Machine, 
 	}
 }
 
-// checkKeepRequest checks what a template save needs from its request alone,
-// for Keep and its dry run alike.
-func (mg *Manager) checkKeepRequest(req KeepRequest) error {
+// checkKeepRequest checks what a template save needs from its request
+// alone.
+func (mg *Manager) checkKeepRequest(verb string, req KeepRequest) error {
 	if err := ValidateName(req.Source); err != nil {
-		return fmt.Errorf("keep: %w", err)
+		return fmt.Errorf("%s: %w", verb, err)
 	}
 	if err := ValidateName(req.Name); err != nil {
-		return fmt.Errorf("keep %q: template %w", req.Source, err)
+		return fmt.Errorf("%s %q: template %w", verb, req.Source, err)
 	}
 	if err := checkPoolSize(req.Pool); err != nil {
-		return fmt.Errorf("keep %q: %w", req.Source, err)
+		return fmt.Errorf("%s %q: %w", verb, req.Source, err)
 	}
 	if _, ok := mg.Driver.(Pooler); req.Pool > 0 && !ok {
-		return fmt.Errorf("keep %q: driver %q has no warm pool (use --pool 0): %w", req.Source, mg.Driver.Name(), ErrUnsupported)
+		return fmt.Errorf("%s %q: driver %q has no warm pool (use --pool 0): %w", verb, req.Source, mg.Driver.Name(), ErrUnsupported)
 	}
 	if err := req.Identity.Validate(); err != nil {
-		return fmt.Errorf("keep %q: %w", req.Source, err)
+		return fmt.Errorf("%s %q: %w", verb, req.Source, err)
 	}
 	return nil
 }

@@ -30,9 +30,9 @@ func newPoolManager(t *testing.T) (*Manager, *poolDriver) {
 }
 
 // Freeze records a vmgenid, as QEMU's would be.
-func (d *poolDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
+func (d *poolDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error) {
 	t.VMGenID = "11111111-2222-3333-4444-555555555555"
-	fr, err := d.linkDriver.Freeze(ctx, src, t)
+	fr, err := d.linkDriver.Freeze(ctx, src, t, opts)
 	fr.Pause = 5 * time.Millisecond
 	return fr, err
 }
@@ -65,6 +65,10 @@ func (d *poolDriver) Complete(ctx context.Context, c *Machine, t *Template) erro
 	d.running[c.Name] = true
 	d.completed = append(d.completed, c.Name)
 	return nil
+}
+
+func (d *poolDriver) StartInPlace(ctx context.Context, c *Machine, t *Template) error {
+	return d.StartChild(ctx, c, t)
 }
 
 func (d *poolDriver) StartChild(ctx context.Context, c *Machine, t *Template) error {

@@ -121,7 +121,7 @@ func (mg *Manager) fillPool(ctx context.Context, t *Template) error {
 	}
 	// A fill cut short leaves members being started: the next command
 	// removes them (repairPool), not only the next fill of this pool.
-	done, err := mg.Store.journal(journalEntry{Op: "pool", Template: t.ID})
+	done, err := mg.Store.journal(journalEntry{Op: opPool, Template: t.ID})
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.Name, err)
 	}
@@ -291,6 +291,28 @@ func (mg *Manager) sweepPool(id string) {
 		}
 		os.RemoveAll(d)
 	}
+}
+
+// repairPoolFill repairs a fill of a kept template's warm pool whose vmfork
+// process died (journal.go), under the template name's lock.
+func (mg *Manager) repairPoolFill(ctx context.Context, e journalEntry) (done bool, err error) {
+	t, err := mg.Store.LoadTemplate(e.Template)
+	if err != nil {
+		// Gone since, its pool with it; or never recorded.
+		mg.Store.RemoveTemplate(e.Template)
+		mg.Store.removeTempFiles(e.Template)
+		return true, nil
+	}
+	if t.Name != "" {
+		unlock, err := mg.tryLock(ctx, t.Name)
+		if err != nil {
+			return false, nil
+		}
+		defer unlock()
+	}
+	mg.repairPool(ctx, t)
+	mg.Store.removeTempFiles(e.Template) // a killed member's start RAM file
+	return true, nil
 }
 
 // repairPool removes what an interrupted fill of template t's pool left:

@@ -95,8 +95,8 @@ func (s *Store) CreateMachine(m *Machine) error {
 	if err := ValidateName(m.Name); err != nil {
 		return err
 	}
-	if t, err := s.FindKept(m.Name); err == nil {
-		return fmt.Errorf("machine %q: the name belongs to kept template %q: %w", m.Name, t.ID, ErrExists)
+	if err := s.notKept(m.Name); err != nil {
+		return err
 	}
 	dir := filepath.Join(s.StateDir, dirMachines, m.Name)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -108,6 +108,26 @@ func (s *Store) CreateMachine(m *Machine) error {
 	if err := s.SaveMachine(m); err != nil {
 		os.RemoveAll(dir)
 		return err
+	}
+	return nil
+}
+
+// nameFree returns nil when neither a machine nor a kept template has
+// name, and otherwise the error CreateMachine would return (ErrExists). It
+// is the plans' check: CreateMachine itself relies on mkdir, which no
+// other command can race.
+func (s *Store) nameFree(name string) error {
+	if _, err := os.Lstat(filepath.Join(s.StateDir, dirMachines, name)); err == nil {
+		return fmt.Errorf("machine %q: %w", name, ErrExists)
+	}
+	return s.notKept(name)
+}
+
+// notKept fails with ErrExists when a template is kept under name: kept
+// template names share the namespace of machine names.
+func (s *Store) notKept(name string) error {
+	if t, err := s.FindKept(name); err == nil {
+		return fmt.Errorf("machine %q: the name belongs to kept template %q: %w", name, t.ID, ErrExists)
 	}
 	return nil
 }

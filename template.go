@@ -28,12 +28,8 @@ type Template struct {
 	Created time.Time `json:"created"`
 	// Spec is the source's configuration at the freeze; children copy it, so
 	// their device configuration matches the saved device state.
-	Spec Spec `json:"spec"`
-	// DetachDevices asks the freeze to unplug the source's extra devices
-	// when they forbid migrating it, and to plug them back after (fork
-	// --detach-devices); not kept.
-	DetachDevices bool          `json:"-"`
-	Paths         TemplatePaths `json:"paths"`
+	Spec  Spec          `json:"spec"`
+	Paths TemplatePaths `json:"paths"`
 	// HasMemory is true while the template holds RAM and device state. Once
 	// no child maps its RAM they are removed, and only the frozen disk stays,
 	// as long as it is a layer in some machine's disk chain.
@@ -75,6 +71,10 @@ type Template struct {
 	// machine was removed.
 	SourceParent   string `json:"source_parent,omitempty"`
 	SourceTemplate string `json:"source_template,omitempty"`
+	// SourceGuestMAC is the MAC the source's guest had at the instant
+	// (the one its own identity chain chose, if any): a child's guest
+	// still has it when it wakes, and its chain replaces it.
+	SourceGuestMAC string `json:"source_guest_mac,omitempty"`
 }
 
 // TemplatePaths are a template's files. Disk is empty when the source had no

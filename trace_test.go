@@ -27,8 +27,8 @@ func (d *phaseDriver) StartChild(ctx context.Context, c *Machine, t *Template) e
 }
 
 // Freeze reports a RAM mode and copies, as qemudrv's does.
-func (d *phaseDriver) Freeze(ctx context.Context, src *Machine, t *Template) (FreezeResult, error) {
-	fr, err := d.linkDriver.Freeze(ctx, src, t)
+func (d *phaseDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error) {
+	fr, err := d.linkDriver.Freeze(ctx, src, t, opts)
 	fr.Pause, fr.RAMMode, fr.PrecopiedBytes, fr.RAMCopiedBytes = 3*time.Millisecond, "diff", 5, 7
 	return fr, err
 }

@@ -36,7 +36,7 @@ type unpluggable struct {
 }
 
 // detachDevices is the first step of a freeze with --detach-devices
-// (t.DetachDevices): it unplugs from src's domain every device Check
+// (detach): it unplugs from src's domain every device Check
 // refuses that libvirt can unplug live (virDomainDetachDeviceFlags, LIVE),
 // and waits until each is gone from the live definition, so that the
 // freeze's checks, its migratable XML (which the children copy) and the
@@ -47,9 +47,9 @@ type unpluggable struct {
 // a device it cannot attach back is left out, with a warning naming it.
 // Without the flag it does nothing: Check refuses such a device, naming it,
 // before any pause.
-func (d *Driver) detachDevices(ctx context.Context, dom *libvirt.Domain, src *vmfork.Machine, t *vmfork.Template) (replug func(context.Context), err error) {
+func (d *Driver) detachDevices(ctx context.Context, dom *libvirt.Domain, src *vmfork.Machine, t *vmfork.Template, detach bool) (replug func(context.Context), err error) {
 	replug = func(context.Context) {}
-	if !t.DetachDevices {
+	if !detach {
 		return replug, nil
 	}
 	_, live, err := liveXML(ctx, dom, 0)

@@ -39,7 +39,7 @@ const (
 // is remapped privately onto it, so the pause copies no RAM. The domain
 // stays the same (name, uuid, QEMU process); libvirt's own name for the file
 // goes when the domain stops, the template's stays.
-func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template) (fr vmfork.FreezeResult, err error) {
+func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template, opts vmfork.FreezeOptions) (fr vmfork.FreezeResult, err error) {
 	dom, err := d.domain(src)
 	if err != nil {
 		return fr, err
@@ -48,7 +48,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, fmt.Errorf("machine %q: %w", src.Name, vmfork.ErrNotRunning)
 	}
 	defer dom.Free()
-	replug, err := d.detachDevices(ctx, dom, src, t) // --detach-devices (detach.go)
+	replug, err := d.detachDevices(ctx, dom, src, t, opts.DetachDevices) // --detach-devices (detach.go)
 	if err != nil {
 		return fr, err
 	}
@@ -74,7 +74,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
 		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
 		// The Manager refuses hibernate on libvirt today; honoured anyway.
-		LeavePaused: vmfork.FreezeLeavesPaused(ctx),
+		LeavePaused: opts.LeavePaused,
 	}
 	release, err := prepareDevState(ctx, mon, t, ram, &recipe)
 	if err != nil {

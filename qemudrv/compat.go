@@ -143,7 +143,7 @@ func firstLine(b []byte) string {
 // type or CPU model this QEMU does not know comes back empty, so the
 // template's check names it.
 func (d *Driver) HostManifest(ctx context.Context, t *vmfork.Template) (vmfork.Manifest, error) {
-	bin, err := qemuBinary()
+	bin, err := d.qemuBinary()
 	if err != nil {
 		return vmfork.Manifest{}, err
 	}

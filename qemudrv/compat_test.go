@@ -27,8 +27,8 @@ esac
 	if err := os.WriteFile(stub, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("VMFORK_QEMU", stub)
 	d := New(logrus.NewEntry(logrus.New()))
+	d.QEMU = stub
 	tpl := &vmfork.Template{ID: "web.1", Accel: AccelTCG, Paths: vmfork.TemplatePaths{Dir: t.TempDir()}, Spec: vmfork.Spec{
 		Kernel: "/k", MemoryMiB: 256, CPUs: 1, MachineType: "pc-q35-7.2", CPUModel: "qemu64", MAC: "52:54:00:12:34:56",
 	}}

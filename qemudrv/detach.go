@@ -21,21 +21,21 @@ const detachTimeout = 90 * time.Second
 // detachDevices is the first step of a freeze: when QEMU refuses to migrate
 // the source (query-migrate blocked-reasons), it refuses the fork in one line
 // that names the extra devices, or, when the fork asked for it
-// (t.DetachDevices), unplugs them all, waits until the guest has released
+// (detach: fork --detach-devices), unplugs them all, waits until the guest has released
 // each, deletes the objects only they used, and checks that nothing blocks
 // any more. The source's record and the template's spec then have the
 // devices detached, so the manifest and the children have none of them.
 // replug makes the objects and plugs the devices back into the source with
 // the same arguments, after the freeze whatever its outcome; a device it
 // cannot plug back stays detached in the source's record, with a warning.
-func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template) (replug func(context.Context), err error) {
+func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, detach bool) (replug func(context.Context), err error) {
 	replug = func(context.Context) {}
 	reasons, err := blockedReasons(ctx, mon)
 	if err != nil || len(reasons) == 0 {
 		return replug, err
 	}
 	plugged := src.Spec.Plugged()
-	if !t.DetachDevices || len(plugged) == 0 {
+	if !detach || len(plugged) == 0 {
 		hint := ""
 		if len(plugged) > 0 {
 			var names []string

@@ -27,6 +27,9 @@ const Name = "qemu"
 // Driver runs machines as QEMU processes on this host.
 type Driver struct {
 	log *logrus.Entry
+	// QEMU is the QEMU binary to run (a name looked up on PATH, or a
+	// path); empty means qemu-system-x86_64. The CLI sets it from --qemu.
+	QEMU string
 	// StopGrace is how long Stop waits for the guest to power off after an
 	// ACPI power-button press before it makes QEMU quit.
 	StopGrace time.Duration
@@ -62,7 +65,7 @@ func (d *Driver) Name() string { return Name }
 
 // Start implements vmfork.Driver.
 func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
-	bin, err := qemuBinary()
+	bin, err := d.qemuBinary()
 	if err != nil {
 		return err
 	}

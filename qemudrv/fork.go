@@ -154,7 +154,17 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	return d.Complete(ctx, child, t)
 }
 
-var _ vmfork.Pooler = (*Driver)(nil)
+var (
+	_ vmfork.Pooler         = (*Driver)(nil)
+	_ vmfork.InPlaceStarter = (*Driver)(nil)
+)
+
+// StartInPlace implements vmfork.InPlaceStarter. A machine of this driver
+// is its directory and its process, so a new process in the same
+// directory is started the way any child is.
+func (d *Driver) StartInPlace(ctx context.Context, m *vmfork.Machine, t *vmfork.Template) error {
+	return d.StartChild(ctx, m, t)
+}
 
 // Prestart implements vmfork.Pooler: the part of StartChild that does not
 // depend on the fork, up to a QEMU waiting for its device state with
@@ -163,7 +173,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
-	bin, err := qemuBinary()
+	bin, err := d.qemuBinary()
 	if err != nil {
 		return err
 	}

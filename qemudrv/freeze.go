@@ -54,7 +54,7 @@ func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 // is done before the source is paused; the pause covers only stop, the disk
 // switch, the device-state save, the source's private pages (none on its
 // first fork), the remap and cont.
-func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template) (fr vmfork.FreezeResult, err error) {
+func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Template, opts vmfork.FreezeOptions) (fr vmfork.FreezeResult, err error) {
 	if err := d.checkFreeze(src); err != nil {
 		return fr, err
 	}
@@ -64,7 +64,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, fmt.Errorf("connect to QMP: %w", err)
 	}
 	defer mon.Close()
-	replug, err := d.detachDevices(ctx, mon, src, t)
+	replug, err := d.detachDevices(ctx, mon, src, t, opts.DetachDevices)
 	if err != nil {
 		return fr, err
 	}
@@ -83,7 +83,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		Source:      sharedmem.PauseSource{Pause: mon.Stop, Resume: mon.Cont, StillPaused: vmfork.ErrStillPaused},
 		RAM:         ram,
 		Paused:      func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
-		LeavePaused: vmfork.FreezeLeavesPaused(ctx),
+		LeavePaused: opts.LeavePaused,
 	}
 	release, err := d.prepareDevState(ctx, mon, src, t, ram, &recipe)
 	if err != nil {

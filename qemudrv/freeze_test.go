@@ -45,7 +45,7 @@ func freezeOK(t *testing.T, q *fakeQEMU) (vmfork.FreezeResult, *vmfork.Template)
 	d := testDriver(t, q)
 	tpl := fakeTemplate(t)
 	os.Remove(tpl.Paths.DevState) // the freeze creates it
-	fr, err := d.Freeze(t.Context(), fakeMachine(t, "web", sock, ""), tpl)
+	fr, err := d.Freeze(t.Context(), fakeMachine(t, "web", sock, ""), tpl, vmfork.FreezeOptions{})
 	if err != nil {
 		t.Fatalf("Freeze: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestFreezeFailure(t *testing.T) {
 			d := testDriver(t, q)
 			tpl := fakeTemplate(t)
 			os.Remove(tpl.Paths.DevState)
-			_, err := d.Freeze(t.Context(), fakeMachine(t, "web", sock, ""), tpl)
+			_, err := d.Freeze(t.Context(), fakeMachine(t, "web", sock, ""), tpl, vmfork.FreezeOptions{})
 			if err == nil {
 				t.Fatal("Freeze: got nil error")
 			}
@@ -189,7 +189,7 @@ func TestFreezeNotRunning(t *testing.T) {
 	q := newFakeQEMU()
 	q.exit()
 	d := testDriver(t, q)
-	_, err := d.Freeze(t.Context(), fakeMachine(t, "web", qmptest.NewServer(t), ""), fakeTemplate(t))
+	_, err := d.Freeze(t.Context(), fakeMachine(t, "web", qmptest.NewServer(t), ""), fakeTemplate(t), vmfork.FreezeOptions{})
 	if !errors.Is(err, vmfork.ErrNotRunning) || !strings.Contains(err.Error(), `"web"`) {
 		t.Fatalf("Freeze: got %v, want ErrNotRunning naming the machine", err)
 	}

@@ -3,7 +3,6 @@ package qemudrv
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -34,12 +33,11 @@ func stderrOf(err error) string {
 	return ""
 }
 
-// qemuBinary finds qemu-system-x86_64; VMFORK_QEMU overrides it (tests stub
-// QEMU this way).
-func qemuBinary() (string, error) {
+// qemuBinary finds the QEMU binary: d.QEMU, or qemu-system-x86_64 on PATH.
+func (d *Driver) qemuBinary() (string, error) {
 	name := "qemu-system-x86_64"
-	if v := os.Getenv("VMFORK_QEMU"); v != "" {
-		name = v
+	if d.QEMU != "" {
+		name = d.QEMU
 	}
 	p, err := exec.LookPath(name)
 	if err != nil {

@@ -34,9 +34,9 @@ func fakeSpawn(t *testing.T, d *Driver, q *fakeQEMU, argv *[]string) {
 // the template's) kills that QEMU, waits for it, and leaves no PID in the
 // record and no start RAM file beside the template.
 func TestPrestartFailureKillsTheChild(t *testing.T) {
-	t.Setenv("VMFORK_QEMU", "true") // found on PATH; never run: spawn is faked
 	q := newFakeQEMU()
 	d := testDriver(t, q)
+	d.QEMU = "true" // found on PATH; never run: spawn is faked
 	var argv []string
 	fakeSpawn(t, d, q, &argv)
 	sock := qmpServerNoCommands(t) // greeting only: QEMU 7.2.22

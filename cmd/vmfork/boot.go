@@ -66,31 +66,19 @@ but only the devices still plugged in.
 		if err != nil {
 			return err
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("dry-run") {
-			p, err := mg.PlanBoot(cliCtx.Args().First(), spec)
-			if err != nil {
-				return err
-			}
-			return printPlan(cliCtx, p)
-		}
-		m, err := mg.Boot(ctx, cliCtx.Args().First(), spec)
-		if err != nil {
-			return err
-		}
-		if m.Expires, err = applyTTL(ctx, cliCtx, mg, m.Name); err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(viewOf(m))
-		}
-		fmt.Printf("%s running (pid %d)\n", m.Name, m.PID)
-		return nil
+		name := cliCtx.Args().First()
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanBoot(v.ctx, name, spec) }, func() error {
+				m, err := v.mg.Boot(v.ctx, name, spec)
+				if err != nil {
+					return err
+				}
+				if m.Expires, err = applyTTL(v.ctx, cliCtx, v.mg, m.Name); err != nil {
+					return err
+				}
+				return v.print(viewOf(m), func() { fmt.Printf("%s running (pid %d)\n", m.Name, m.PID) })
+			})
+		})
 	},
 }
 

@@ -22,7 +22,7 @@ later puts NAME back to that instant; "vmfork fork T" makes children of it.
    vmfork checkpoint agent --as before-step
    vmfork checkpoint ls agent
    vmfork rewind agent --to before-step`,
-	Flags: []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, jsonFlag},
+	Flags: []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, dryRunFlag, jsonFlag},
 	// "ls" is an argument, not a subcommand, so that flags may follow
 	// NAME as on every other command (a machine named ls is checkpointed
 	// by "vmfork checkpoint ls").
@@ -33,49 +33,31 @@ later puts NAME back to that instant; "vmfork fork T" makes children of it.
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("checkpoint needs a running machine: vmfork checkpoint NAME [--as T], or vmfork checkpoint ls NAME")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		t, err := mg.Checkpoint(ctx, vmfork.CheckpointRequest{Machine: cliCtx.Args().First(), As: cliCtx.String("as")})
-		if t == nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			st, _ := mg.Checkpoints(ctx, t.Source)
-			for _, s := range st {
-				if s.ID == t.ID {
-					if perr := printJSON(s); perr != nil {
-						return perr
-					}
+		req := vmfork.CheckpointRequest{Machine: cliCtx.Args().First(), As: cliCtx.String("as")}
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanCheckpoint(v.ctx, req) }, func() error {
+				t, err := v.mg.Checkpoint(v.ctx, req)
+				if t == nil {
+					return err
 				}
-			}
-			return err
-		}
-		fmt.Printf("checkpoint %s of %s (%s; paused %.1f ms)\n", t.Name, t.Source, t.ID, t.PauseMS)
-		return err
+				return show(v, statusOf(v, t), err, func(*vmfork.TemplateStatus) {
+					fmt.Printf("checkpoint %s of %s (%s; paused %.1f ms)\n", t.Name, t.Source, t.ID, t.PauseMS)
+				})
+			})
+		})
 	},
 }
 
 // listCheckpoints prints machine's checkpoints (its kept instants), oldest
 // first.
 func listCheckpoints(cliCtx *cli.Context, machine string) error {
-	ctx, cancel := appContext(cliCtx)
-	defer cancel()
-	mg, err := newManager(cliCtx)
-	if err != nil {
-		return err
-	}
-	cps, err := mg.Checkpoints(ctx, machine)
-	if err != nil {
-		return err
-	}
-	if cliCtx.Bool("json") {
-		return printJSON(cps)
-	}
-	return printTemplates(os.Stdout, cps)
+	return run(cliCtx, func(v verb) error {
+		cps, err := v.mg.Checkpoints(v.ctx, machine)
+		if err != nil {
+			return err
+		}
+		return v.print(cps, func() { printTemplates(os.Stdout, cps) })
+	})
 }
 
 var rewindCommand = &cli.Command{
@@ -98,6 +80,7 @@ stopped on its disk from before.
 		&cli.BoolFlag{Name: "force", Usage: "allow a checkpoint of another machine"},
 		&cli.StringFlag{Name: "customize", Usage: "read the identity spec from `FILE` (YAML, or JSON if it ends in .json)"},
 		&cli.StringSliceFlag{Name: "skip-step", Usage: "do not run the identity step `NAME`; repeatable"},
+		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
@@ -108,22 +91,14 @@ stopped on its disk from before.
 		if err != nil {
 			return err
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		res, err := mg.Rewind(ctx, vmfork.RewindRequest{
-			Machine: cliCtx.Args().First(), To: cliCtx.String("to"), Force: cliCtx.Bool("force"), Identity: opts,
+		req := vmfork.RewindRequest{Machine: cliCtx.Args().First(), To: cliCtx.String("to"), Force: cliCtx.Bool("force"), Identity: opts}
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanRewind(v.ctx, req) }, func() error {
+				res, err := v.mg.Rewind(v.ctx, req)
+				return show(v, res, err, func(res *vmfork.ChildResult) {
+					fmt.Printf("rewound %s to %s (pid %d)\n", res.Name, req.To, res.PID)
+				})
+			})
 		})
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(res)
-		}
-		fmt.Printf("rewound %s to %s (pid %d)\n", res.Name, cliCtx.String("to"), res.PID)
-		return nil
 	},
 }

@@ -56,47 +56,43 @@ plugin vmfork.vmfork.agent moves its module files this way.)
 				return usageError{fmt.Errorf("cp: %w", err)}
 			}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		m, err := mg.Get(ctx, name)
-		if err != nil {
-			return fmt.Errorf("cp: %w", err)
-		}
-		if m.State != vmfork.StateRunning {
-			return fmt.Errorf("cp: machine %q is %s: %w", name, m.State, vmfork.ErrNotRunning)
-		}
-		agent, err := mg.Driver.Agent(ctx, m)
-		if err != nil {
-			return fmt.Errorf("cp %q: %w", name, err)
-		}
-		defer agent.Close()
-		direction := "to"
-		if dstGuest {
-			if err := agent.WriteFile(ctx, guestPath, data); err != nil {
-				return fmt.Errorf("cp to %s:%s: %w", name, guestPath, err)
+		return run(cliCtx, func(v verb) error {
+			m, err := v.mg.Get(v.ctx, name)
+			if err != nil {
+				return fmt.Errorf("cp: %w", err)
 			}
-		} else {
-			direction = "from"
-			if data, err = agent.ReadFile(ctx, guestPath); err != nil {
-				return fmt.Errorf("cp from %s:%s: %w", name, guestPath, err)
+			if m.State != vmfork.StateRunning {
+				return fmt.Errorf("cp: machine %q is %s: %w", name, m.State, vmfork.ErrNotRunning)
 			}
-			if dst == "-" {
-				// Stdout carries the file itself; --json would garble it.
-				_, err := os.Stdout.Write(data)
-				return err
+			agent, err := v.mg.Driver.Agent(v.ctx, m)
+			if err != nil {
+				return fmt.Errorf("cp %q: %w", name, err)
 			}
-			if err := writeHost(dst, data); err != nil {
-				return fmt.Errorf("cp from %s:%s: %w", name, guestPath, err)
+			defer agent.Close()
+			direction := "to"
+			if dstGuest {
+				if err := agent.WriteFile(v.ctx, guestPath, data); err != nil {
+					return fmt.Errorf("cp to %s:%s: %w", name, guestPath, err)
+				}
+			} else {
+				direction = "from"
+				if data, err = agent.ReadFile(v.ctx, guestPath); err != nil {
+					return fmt.Errorf("cp from %s:%s: %w", name, guestPath, err)
+				}
+				if dst == "-" {
+					// Stdout carries the file itself; --json would garble it.
+					_, err := os.Stdout.Write(data)
+					return err
+				}
+				if err := writeHost(dst, data); err != nil {
+					return fmt.Errorf("cp from %s:%s: %w", name, guestPath, err)
+				}
 			}
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(map[string]any{"machine": name, "path": guestPath, "direction": direction, "size_bytes": len(data)})
-		}
-		return nil
+			if cliCtx.Bool("json") {
+				return printJSON(map[string]any{"machine": name, "path": guestPath, "direction": direction, "size_bytes": len(data)})
+			}
+			return nil
+		})
 	},
 }
 

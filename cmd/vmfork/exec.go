@@ -44,31 +44,27 @@ No network or SSH is needed. The command is looked up on the guest's PATH.
 			}
 			req.Stdin = in
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		st, err := mg.Exec(ctx, args[0], req)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			if err := printJSON(map[string]any{
-				"exit_code": st.ExitCode, "signal": st.Signal,
-				"stdout": string(st.Stdout), "stderr": string(st.Stderr),
-			}); err != nil {
+		return run(cliCtx, func(v verb) error {
+			st, err := v.mg.Exec(v.ctx, args[0], req)
+			if err != nil {
 				return err
 			}
-		} else {
-			os.Stdout.Write(st.Stdout)
-			os.Stderr.Write(st.Stderr)
-		}
-		if code := guestExitCode(st.ExitCode, st.Signal); code != 0 {
-			return exitError{code}
-		}
-		return nil
+			if cliCtx.Bool("json") {
+				if err := printJSON(map[string]any{
+					"exit_code": st.ExitCode, "signal": st.Signal,
+					"stdout": string(st.Stdout), "stderr": string(st.Stderr),
+				}); err != nil {
+					return err
+				}
+			} else {
+				os.Stdout.Write(st.Stdout)
+				os.Stderr.Write(st.Stderr)
+			}
+			if code := guestExitCode(st.ExitCode, st.Signal); code != 0 {
+				return exitError{code}
+			}
+			return nil
+		})
 	},
 }
 

@@ -45,6 +45,7 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 		&cli.StringFlag{Name: "prefix", Usage: "name branches PREFIX-1, PREFIX-2, ...", DefaultText: "SOURCE-try"},
 		&cli.IntFlag{Name: "tail-bytes", Usage: "bytes of stdout and stderr kept per try", Value: vmfork.DefaultTailBytes},
 		ttlFlag,
+		dryRunFlag,
 		jsonFlag,
 		traceJSONFlag,
 	},
@@ -76,24 +77,12 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 			Parallel: cliCtx.Int("parallel"), MaxChildren: cliCtx.Int("max-children"),
 			TTL: cliCtx.Duration("ttl"), TailBytes: cliCtx.Int("tail-bytes"), Prefix: cliCtx.String("prefix"),
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		res, err := mg.Explore(withProgress(ctx, cliCtx), req)
-		if res == nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			if perr := printJSON(res); perr != nil {
-				return perr
-			}
-			return err
-		}
-		printExplore(res)
-		return err
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanExplore(v.ctx, req) }, func() error {
+				res, err := v.mg.Explore(withProgress(v.ctx, cliCtx), req)
+				return show(v, res, err, printExplore)
+			})
+		})
 	},
 }
 

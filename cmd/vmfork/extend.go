@@ -31,39 +31,35 @@ round.
 		if err := checkTTLFlag(cliCtx); err != nil {
 			return err
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		type extended struct {
-			Name    string    `json:"name"`
-			Expires time.Time `json:"expires,omitzero"`
-		}
-		out := []extended{}
-		var errs []error
-		for _, name := range cliCtx.Args().Slice() {
-			d, err := mg.SetTTL(ctx, name, cliCtx.Duration("ttl"))
-			if err != nil {
-				errs = append(errs, err)
-				continue
+		return run(cliCtx, func(v verb) error {
+			type extended struct {
+				Name    string    `json:"name"`
+				Expires time.Time `json:"expires,omitzero"`
 			}
-			out = append(out, extended{name, d})
+			out := []extended{}
+			var errs []error
+			for _, name := range cliCtx.Args().Slice() {
+				d, err := v.mg.SetTTL(v.ctx, name, cliCtx.Duration("ttl"))
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				out = append(out, extended{name, d})
+				if cliCtx.Bool("json") {
+					continue
+				}
+				if d.IsZero() {
+					fmt.Printf("%s has no deadline\n", name)
+				} else {
+					fmt.Printf("%s expires %s\n", name, d.Local().Format(time.DateTime))
+				}
+			}
 			if cliCtx.Bool("json") {
-				continue
+				if err := printJSON(out); err != nil {
+					return err
+				}
 			}
-			if d.IsZero() {
-				fmt.Printf("%s has no deadline\n", name)
-			} else {
-				fmt.Printf("%s expires %s\n", name, d.Local().Format(time.DateTime))
-			}
-		}
-		if cliCtx.Bool("json") {
-			if err := printJSON(out); err != nil {
-				return err
-			}
-		}
-		return joinErrors(errs)
+			return joinErrors(errs)
+		})
 	},
 }

@@ -93,19 +93,18 @@ func appContext(cliCtx *cli.Context) (context.Context, context.CancelFunc) {
 func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	// Before the store: a bad --qemu changes nothing, not even the state dir.
 	uri := cliCtx.String("connect")
-	if uri == "" {
-		if err := useQEMU(cliCtx.String("qemu")); err != nil {
-			return nil, err
-		}
-	} else if cliCtx.IsSet("qemu") && os.Getenv(qemuEnv) == "" {
-		return nil, usageError{fmt.Errorf("--qemu is for the embedded driver: with --connect, libvirt runs the emulator its domain XML names")}
+	qemu, err := qemuOf(cliCtx)
+	if err != nil {
+		return nil, err
 	}
 	store, err := vmfork.OpenStore(cliCtx.String("state-dir"), cliCtx.String("mem-dir"))
 	if err != nil {
 		return nil, err
 	}
 	log := logrus.NewEntry(logrus.StandardLogger())
-	var driver vmfork.Driver = qemudrv.New(log)
+	qd := qemudrv.New(log)
+	qd.QEMU = qemu
+	var driver vmfork.Driver = qd
 	if uri != "" {
 		if newLibvirtDriver == nil {
 			return nil, fmt.Errorf("--connect %s: this vmfork was built without libvirt support: %w", uri, vmfork.ErrUnsupported)
@@ -119,17 +118,30 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	return mg, nil
 }
 
-// qemuEnv names the QEMU binary to qemudrv, to the detached reaper and to
-// anything else this process starts that runs QEMU.
+// qemuEnv is --qemu's environment variable.
 const qemuEnv = "VMFORK_QEMU"
 
-// useQEMU checks the QEMU binary named by --qemu or VMFORK_QEMU before the
-// command does anything: a missing one would otherwise be found only once a
-// record exists (boot) or the source is locked (fork). It is handed on
-// through the environment, where qemudrv and the reaper look for it.
-func useQEMU(name string) error {
+// qemuOf returns the QEMU binary --qemu (or VMFORK_QEMU) names, as an
+// absolute path, for the embedded driver (qemudrv.Driver.QEMU) and the
+// reaper it starts (reaperStarter); "" when neither is set. It checks the
+// binary before the command does anything: a missing one would otherwise
+// be found only once a record exists (boot) or the source is locked (fork).
+func qemuOf(cliCtx *cli.Context) (string, error) {
+	name := cliCtx.String("qemu")
+	if cliCtx.String("connect") != "" {
+		if cliCtx.IsSet("qemu") && os.Getenv(qemuEnv) == "" {
+			return "", usageError{fmt.Errorf("--qemu is for the embedded driver: with --connect, libvirt runs the emulator its domain XML names")}
+		}
+		return "", nil
+	}
+	return resolveQEMU(name)
+}
+
+// resolveQEMU checks QEMU binary name (none: "") and returns its absolute
+// path.
+func resolveQEMU(name string) (string, error) {
 	if name == "" {
-		return nil
+		return "", nil
 	}
 	p, err := exec.LookPath(name)
 	if err != nil {
@@ -139,12 +151,12 @@ func useQEMU(name string) error {
 		} else if serr == nil && fi.IsDir() {
 			why = "is a directory"
 		}
-		return usageError{fmt.Errorf("QEMU binary %q (--qemu or %s) %s", name, qemuEnv, why)}
+		return "", usageError{fmt.Errorf("QEMU binary %q (--qemu or %s) %s", name, qemuEnv, why)}
 	}
 	if abs, err := filepath.Abs(p); err == nil {
 		p = abs
 	}
-	return os.Setenv(qemuEnv, p)
+	return p, nil
 }
 
 func printJSON(v any) error {

@@ -105,31 +105,12 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		if req.Identity, err = identityOptions(cliCtx); err != nil {
 			return err
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("dry-run") {
-			p, err := mg.PlanFork(ctx, req)
-			if err != nil {
-				return err
-			}
-			return printPlan(cliCtx, p)
-		}
-		res, err := mg.Fork(withProgress(ctx, cliCtx), req)
-		if res == nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			if perr := printJSON(res); perr != nil {
-				return perr
-			}
-			return err
-		}
-		printFork(res)
-		return err
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanFork(v.ctx, req) }, func() error {
+				res, err := v.mg.Fork(withProgress(v.ctx, cliCtx), req)
+				return show(v, res, err, printFork)
+			})
+		})
 	},
 }
 

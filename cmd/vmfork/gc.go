@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
 )
 
 var gcCommand = &cli.Command{
@@ -22,21 +24,12 @@ machine needs. Machines without a TTL are never touched.
 		if cliCtx.NArg() != 0 {
 			return usageError{fmt.Errorf("gc takes no arguments")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		res, err := mg.GC(ctx)
-		if cliCtx.Bool("json") {
-			if perr := printJSON(res); perr != nil {
-				return perr
-			}
-			return err
-		}
-		fmt.Printf("removed %d machines (%s); released %d templates (%s); %d deadlines to come\n",
-			len(res.Removed), orDash(strings.Join(res.Removed, ",")), len(res.Released), orDash(strings.Join(res.Released, ",")), res.Pending)
-		return err
+		return run(cliCtx, func(v verb) error {
+			res, err := v.mg.GC(v.ctx)
+			return show(v, &res, err, func(res *vmfork.ReapResult) {
+				fmt.Printf("removed %d machines (%s); released %d templates (%s); %d deadlines to come\n",
+					len(res.Removed), orDash(strings.Join(res.Removed, ",")), len(res.Released), orDash(strings.Join(res.Released, ",")), res.Pending)
+			})
+		})
 	},
 }

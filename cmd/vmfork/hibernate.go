@@ -28,30 +28,16 @@ is on disk any failure leaves NAME running.
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("hibernate needs a running machine: vmfork hibernate NAME")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
 		name := cliCtx.Args().First()
-		if cliCtx.Bool("dry-run") {
-			p, err := mg.PlanHibernate(ctx, name)
-			if err != nil {
-				return err
-			}
-			return printPlan(cliCtx, p)
-		}
-		res, err := mg.Hibernate(ctx, name)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(res)
-		}
-		fmt.Printf("hibernated %s (%s; paused %.1f ms; %d MiB of RAM stored as %d MiB in %s)\n",
-			res.Name, res.Template, res.PauseMS, res.RAMSizeBytes>>20, res.RAMBytes>>20, res.RAMFile)
-		return nil
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanHibernate(v.ctx, name) }, func() error {
+				res, err := v.mg.Hibernate(v.ctx, name)
+				return show(v, res, err, func(res *vmfork.HibernateResult) {
+					fmt.Printf("hibernated %s (%s; paused %.1f ms; %d MiB of RAM stored as %d MiB in %s)\n",
+						res.Name, res.Template, res.PauseMS, res.RAMSizeBytes>>20, res.RAMBytes>>20, res.RAMFile)
+				})
+			})
+		})
 	},
 }
 
@@ -71,28 +57,14 @@ to come up, NAME stays hibernated.
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("resume needs a hibernated machine: vmfork resume NAME")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
 		req := vmfork.ResumeRequest{Machine: cliCtx.Args().First()}
-		if cliCtx.Bool("dry-run") {
-			p, err := mg.PlanResume(ctx, req)
-			if err != nil {
-				return err
-			}
-			return printPlan(cliCtx, p)
-		}
-		res, err := mg.Resume(ctx, req)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(res)
-		}
-		fmt.Printf("resumed %s (pid %d; ready in %.0f ms)\n", res.Name, res.PID, res.ReadyMS)
-		return nil
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanResume(v.ctx, req) }, func() error {
+				res, err := v.mg.Resume(v.ctx, req)
+				return show(v, res, err, func(res *vmfork.ChildResult) {
+					fmt.Printf("resumed %s (pid %d; ready in %.0f ms)\n", res.Name, res.PID, res.ReadyMS)
+				})
+			})
+		})
 	},
 }

@@ -22,33 +22,29 @@ QEMU's own log instead: its command line and its error messages.`,
 		if cliCtx.NArg() != 1 {
 			return usageError{fmt.Errorf("logs takes exactly one machine name")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		m, err := mg.Get(ctx, cliCtx.Args().First())
-		if err != nil {
-			return fmt.Errorf("logs: %w", err)
-		}
-		path := m.Paths.Serial
-		if cliCtx.Bool("qemu") {
-			path = m.Paths.Log
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return fmt.Errorf("logs %q: %w", m.Name, err)
-		}
-		defer f.Close()
-		if cliCtx.Bool("json") {
-			data, err := io.ReadAll(f)
+		return run(cliCtx, func(v verb) error {
+			m, err := v.mg.Get(v.ctx, cliCtx.Args().First())
+			if err != nil {
+				return fmt.Errorf("logs: %w", err)
+			}
+			path := m.Paths.Serial
+			if cliCtx.Bool("qemu") {
+				path = m.Paths.Log
+			}
+			f, err := os.Open(path)
 			if err != nil {
 				return fmt.Errorf("logs %q: %w", m.Name, err)
 			}
-			return printJSON(map[string]string{"name": m.Name, "path": path, "log": string(data)})
-		}
-		_, err = io.Copy(os.Stdout, f)
-		return err
+			defer f.Close()
+			if cliCtx.Bool("json") {
+				data, err := io.ReadAll(f)
+				if err != nil {
+					return fmt.Errorf("logs %q: %w", m.Name, err)
+				}
+				return printJSON(map[string]string{"name": m.Name, "path": path, "log": string(data)})
+			}
+			_, err = io.Copy(os.Stdout, f)
+			return err
+		})
 	},
 }

@@ -20,34 +20,30 @@ QEMU exited on its own shows as stopped.`,
 		if cliCtx.NArg() != 0 {
 			return usageError{fmt.Errorf("ls takes no arguments")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		ms, err := mg.List(ctx)
-		if err != nil {
-			return err
-		}
-		views := make([]machineView, 0, len(ms))
-		for _, m := range ms {
-			views = append(views, viewOf(m))
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(views)
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSTATE\tPID\tMEMORY\tCPUS\tPARENT\tTEMPLATE\tHOSTNAME\tPORTS\tTTL")
-		for _, v := range views {
-			var ports []string
-			for _, p := range v.Ports {
-				ports = append(ports, p.String())
+		return run(cliCtx, func(v verb) error {
+			ms, err := v.mg.List(v.ctx)
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%dM\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.State, dash(v.PID), v.MemoryMiB, v.CPUs,
-				orDash(v.Parent), orDash(v.Template), orDash(v.Hostname), orDash(strings.Join(ports, ",")), ttlText(v))
-		}
-		return tw.Flush()
+			views := make([]machineView, 0, len(ms))
+			for _, m := range ms {
+				views = append(views, viewOf(m))
+			}
+			if cliCtx.Bool("json") {
+				return printJSON(views)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tPID\tMEMORY\tCPUS\tPARENT\tTEMPLATE\tHOSTNAME\tPORTS\tTTL")
+			for _, v := range views {
+				var ports []string
+				for _, p := range v.Ports {
+					ports = append(ports, p.String())
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%dM\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.State, dash(v.PID), v.MemoryMiB, v.CPUs,
+					orDash(v.Parent), orDash(v.Template), orDash(v.Hostname), orDash(strings.Join(ports, ",")), ttlText(v))
+			}
+			return tw.Flush()
+		})
 	},
 }
 

@@ -74,6 +74,9 @@ func reaperStarter(cliCtx *cli.Context) vmfork.ReaperStarter {
 		if uri := cliCtx.String("connect"); uri != "" {
 			args = append(args, "--connect", uri)
 		}
+		if qemu, err := qemuOf(cliCtx); err == nil && qemu != "" {
+			args = append(args, "--qemu", qemu)
+		}
 		cmd := exec.Command(exe, append(args, "reaper")...)
 		cmd.Dir = "/"
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

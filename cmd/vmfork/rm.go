@@ -28,59 +28,59 @@ logs and RAM file. A template whose last child goes is removed as well. With
 		if cliCtx.NArg() == 0 {
 			return usageError{fmt.Errorf("rm needs at least one machine name")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
+		names, force := cliCtx.Args().Slice(), cliCtx.Bool("force")
+		return run(cliCtx, func(v verb) error {
+			if v.cli.Bool("dry-run") {
+				p, perrs := v.mg.PlanRemove(v.ctx, names, force)
+				if err := printPlan(cliCtx, p); err != nil {
+					return err
+				}
+				var errs []error
+				for i, err := range perrs {
+					if err != nil {
+						errs = append(errs, keptHint(v.mg, names[i], err))
+					}
+				}
+				return joinErrors(errs)
+			}
+			return remove(v, names, force)
+		})
+	},
+}
+
+// remove removes names, each tried; the first error decides the exit code.
+func remove(v verb, names []string, force bool) error {
+	removed, forgotten := []string{}, []string{}
+	var errs []error
+	for _, name := range names {
+		// An adopted machine (a libvirt domain vmfork did not make) is
+		// only forgotten: it keeps running, as its owner's.
+		m, _ := v.mg.Store.LoadMachine(name)
+		adopted := m != nil && m.Adopted != nil
+		if err := v.mg.Remove(v.ctx, name, force); err != nil {
+			errs = append(errs, keptHint(v.mg, name, err))
+			continue
+		}
+		removed = append(removed, name)
+		if adopted {
+			forgotten = append(forgotten, name)
+		}
+		switch {
+		case v.cli.Bool("json"):
+		case adopted:
+			fmt.Printf("%s forgotten (it runs on; vmfork no longer manages it)\n", name)
+		default:
+			fmt.Printf("%s removed\n", name)
+		}
+	}
+	if v.cli.Bool("json") {
+		// "removed" lists every name done; "forgotten" those of them
+		// that were only forgotten.
+		if err := printJSON(map[string]any{"removed": removed, "forgotten": forgotten}); err != nil {
 			return err
 		}
-		if cliCtx.Bool("dry-run") {
-			names := cliCtx.Args().Slice()
-			p, perrs := mg.PlanRemove(ctx, names, cliCtx.Bool("force"))
-			if err := printPlan(cliCtx, p); err != nil {
-				return err
-			}
-			var errs []error
-			for i, err := range perrs {
-				if err != nil {
-					errs = append(errs, keptHint(mg, names[i], err))
-				}
-			}
-			return joinErrors(errs)
-		}
-		// Every name is tried; the first error decides the exit code.
-		removed, forgotten := []string{}, []string{}
-		var errs []error
-		for _, name := range cliCtx.Args().Slice() {
-			// An adopted machine (a libvirt domain vmfork did not make) is
-			// only forgotten: it keeps running, as its owner's.
-			m, _ := mg.Store.LoadMachine(name)
-			adopted := m != nil && m.Adopted != nil
-			if err := mg.Remove(ctx, name, cliCtx.Bool("force")); err != nil {
-				errs = append(errs, keptHint(mg, name, err))
-				continue
-			}
-			removed = append(removed, name)
-			if adopted {
-				forgotten = append(forgotten, name)
-			}
-			switch {
-			case cliCtx.Bool("json"):
-			case adopted:
-				fmt.Printf("%s forgotten (it runs on; vmfork no longer manages it)\n", name)
-			default:
-				fmt.Printf("%s removed\n", name)
-			}
-		}
-		if cliCtx.Bool("json") {
-			// "removed" lists every name done; "forgotten" those of them
-			// that were only forgotten.
-			if err := printJSON(map[string]any{"removed": removed, "forgotten": forgotten}); err != nil {
-				return err
-			}
-		}
-		return joinErrors(errs)
-	},
+	}
+	return joinErrors(errs)
 }
 
 // keptHint points at template rm when name, not found as a machine, is a

@@ -15,32 +15,37 @@ makes QEMU quit, then kills it. With --force it kills QEMU at once. The
 machine's record and disk stay; its RAM file is released.`,
 	Flags: []cli.Flag{
 		&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "kill QEMU at once"},
+		dryRunFlag,
 		jsonFlag,
 	},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() == 0 {
 			return usageError{fmt.Errorf("stop needs at least one machine name")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		var views []machineView
-		for _, name := range cliCtx.Args().Slice() {
-			m, err := mg.Stop(ctx, name, cliCtx.Bool("force"))
-			if err != nil {
-				return err
+		names, force := cliCtx.Args().Slice(), cliCtx.Bool("force")
+		return run(cliCtx, func(v verb) error {
+			if v.cli.Bool("dry-run") {
+				p, errs := v.mg.PlanStop(v.ctx, names, force)
+				if err := printPlan(cliCtx, p); err != nil {
+					return err
+				}
+				return joinErrors(errs)
 			}
-			views = append(views, viewOf(m))
-			if !cliCtx.Bool("json") {
-				fmt.Printf("%s stopped\n", name)
+			var views []machineView
+			for _, name := range names {
+				m, err := v.mg.Stop(v.ctx, name, force)
+				if err != nil {
+					return err
+				}
+				views = append(views, viewOf(m))
+				if !cliCtx.Bool("json") {
+					fmt.Printf("%s stopped\n", name)
+				}
 			}
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(views)
-		}
-		return nil
+			if cliCtx.Bool("json") {
+				return printJSON(views)
+			}
+			return nil
+		})
 	},
 }

@@ -56,42 +56,34 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 		if err := checkTTLFlag(cliCtx); err != nil {
 			return err
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
 		req := vmfork.KeepRequest{Source: cliCtx.Args().Get(0), Name: cliCtx.Args().Get(1), Pool: cliCtx.Int("pool")}
-		if cliCtx.Bool("dry-run") {
-			p, err := mg.PlanKeep(ctx, req)
-			if err != nil {
-				return err
-			}
-			return printPlan(cliCtx, p)
-		}
-		t, err := mg.Keep(withProgress(ctx, cliCtx), req)
-		if t == nil {
-			return err
-		}
-		if _, terr := applyTTL(ctx, cliCtx, mg, req.Name); terr != nil {
-			err = joinLine(err, terr)
-		}
-		st, _ := mg.Templates(ctx)
-		for _, s := range st {
-			if s.ID == t.ID {
-				if cliCtx.Bool("json") {
-					if perr := printJSON(s); perr != nil {
-						return perr
-					}
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanKeep(v.ctx, req) }, func() error {
+				t, err := v.mg.Keep(withProgress(v.ctx, cliCtx), req)
+				if t == nil {
 					return err
 				}
-				fmt.Printf("kept %s as template %s (%s; source paused %.1f ms; pool %d of %d)\n",
-					req.Source, s.Name, s.ID, s.PauseMS, s.Pooled, s.PoolSize)
-			}
-		}
-		return err
+				if _, terr := applyTTL(v.ctx, cliCtx, v.mg, req.Name); terr != nil {
+					err = joinLine(err, terr)
+				}
+				return show(v, statusOf(v, t), err, func(s *vmfork.TemplateStatus) {
+					fmt.Printf("kept %s as template %s (%s; source paused %.1f ms; pool %d of %d)\n",
+						req.Source, s.Name, s.ID, s.PauseMS, s.Pooled, s.PoolSize)
+				})
+			})
+		})
 	},
+}
+
+// statusOf is template t as template ls shows it, or nil if it is gone.
+func statusOf(v verb, t *vmfork.Template) *vmfork.TemplateStatus {
+	st, _ := v.mg.Templates(v.ctx)
+	for _, s := range st {
+		if s.ID == t.ID {
+			return &s
+		}
+	}
+	return nil
 }
 
 var templateLsCommand = &cli.Command{
@@ -102,20 +94,13 @@ its frozen file holds, how many running children map it, and its warm pool
 (live processes / size).`,
 	Flags: []cli.Flag{jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		ts, err := mg.Templates(ctx)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(ts)
-		}
-		return printTemplates(os.Stdout, ts)
+		return run(cliCtx, func(v verb) error {
+			ts, err := v.mg.Templates(v.ctx)
+			if err != nil {
+				return err
+			}
+			return v.print(ts, func() { printTemplates(os.Stdout, ts) })
+		})
 	},
 }
 
@@ -143,33 +128,24 @@ var templatePoolCommand = &cli.Command{
 template NAME (0 stops them all). Each holds some tens of MiB while it waits.
 
    vmfork template pool golden 8`,
-	Flags: []cli.Flag{jsonFlag},
+	Flags: []cli.Flag{dryRunFlag, jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
 		if cliCtx.NArg() != 2 {
 			return usageError{errors.New("template pool needs a template and a size: vmfork template pool NAME SIZE")}
 		}
+		name := cliCtx.Args().Get(0)
 		size, err := strconv.Atoi(cliCtx.Args().Get(1))
 		if err != nil {
 			return usageError{fmt.Errorf("pool size %q is not a number", cliCtx.Args().Get(1))}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		st, err := mg.SetPool(ctx, cliCtx.Args().Get(0), size)
-		if st == nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			if perr := printJSON(st); perr != nil {
-				return perr
-			}
-			return err
-		}
-		fmt.Printf("template %s: pool %d of %d\n", st.Name, st.Pooled, st.PoolSize)
-		return err
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanPool(v.ctx, name, size) }, func() error {
+				st, err := v.mg.SetPool(v.ctx, name, size)
+				return show(v, st, err, func(st *vmfork.TemplateStatus) {
+					fmt.Printf("template %s: pool %d of %d\n", st.Name, st.Pooled, st.PoolSize)
+				})
+			})
+		})
 	},
 }
 
@@ -185,35 +161,25 @@ once no child maps its RAM and no other disk builds on its frozen disk.`,
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("template rm needs a template name: vmfork template rm NAME")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
 		name := cliCtx.Args().First()
-		if cliCtx.Bool("dry-run") {
-			p, err := mg.PlanUnkeep(ctx, name)
-			if err != nil {
-				return err
-			}
-			return printPlan(cliCtx, p)
-		}
-		gone, err := mg.Unkeep(ctx, name)
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(struct {
-				Name    string `json:"name"`
-				Removed bool   `json:"removed"`
-			}{name, gone})
-		}
-		if gone {
-			fmt.Printf("removed template %s\n", name)
-		} else {
-			fmt.Printf("template %s is no longer kept; its files go once no child maps its RAM and no disk builds on its own\n", name)
-		}
-		return nil
+		return run(cliCtx, func(v verb) error {
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanUnkeep(v.ctx, name) }, func() error {
+				gone, err := v.mg.Unkeep(v.ctx, name)
+				if err != nil {
+					return err
+				}
+				res := struct {
+					Name    string `json:"name"`
+					Removed bool   `json:"removed"`
+				}{name, gone}
+				return v.print(res, func() {
+					if gone {
+						fmt.Printf("removed template %s\n", name)
+					} else {
+						fmt.Printf("template %s is no longer kept; its files go once no child maps its RAM and no disk builds on its own\n", name)
+					}
+				})
+			})
+		})
 	},
 }

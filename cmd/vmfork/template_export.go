@@ -27,24 +27,15 @@ Progress goes to stderr.
 		if cliCtx.NArg() != 2 {
 			return usageError{errors.New("template export needs a template and a file: vmfork template export NAME FILE")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		res, err := mg.Export(ctx, vmfork.ExportRequest{
-			Name: cliCtx.Args().Get(0), File: cliCtx.Args().Get(1), Progress: byteProgress("export"),
+		return run(cliCtx, func(v verb) error {
+			res, err := v.mg.Export(v.ctx, vmfork.ExportRequest{
+				Name: cliCtx.Args().Get(0), File: cliCtx.Args().Get(1), Progress: byteProgress("export"),
+			})
+			return show(v, res, err, func(res *vmfork.ExportResult) {
+				fmt.Printf("exported template %s (%s) to %s: %.1f MiB (%.1f MiB of data, %.1f MiB with holes) in %.0f ms\n",
+					orDash(res.Name), res.ID, res.File, mib(res.Archive), mib(res.Stored), mib(res.Logical), res.Elapsed)
+			})
 		})
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(res)
-		}
-		fmt.Printf("exported template %s (%s) to %s: %.1f MiB (%.1f MiB of data, %.1f MiB with holes) in %.0f ms\n",
-			orDash(res.Name), res.ID, res.File, mib(res.Archive), mib(res.Stored), mib(res.Logical), res.Elapsed)
-		return nil
 	},
 }
 
@@ -69,24 +60,15 @@ exported with, or --as NAME.
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("template import needs an archive file: vmfork template import FILE [--as NAME]")}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		res, err := mg.Import(ctx, vmfork.ImportRequest{
-			File: cliCtx.Args().First(), As: cliCtx.String("as"), Progress: byteProgress("import"),
+		return run(cliCtx, func(v verb) error {
+			res, err := v.mg.Import(v.ctx, vmfork.ImportRequest{
+				File: cliCtx.Args().First(), As: cliCtx.String("as"), Progress: byteProgress("import"),
+			})
+			return show(v, res, err, func(res *vmfork.ImportResult) {
+				fmt.Printf("imported template %s (%s, of %s): %.1f MiB of data in %.0f ms\n",
+					res.Name, res.ID, res.Source, mib(res.Stored), res.Elapsed)
+			})
 		})
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(res)
-		}
-		fmt.Printf("imported template %s (%s, of %s): %.1f MiB of data in %.0f ms\n",
-			res.Name, res.ID, res.Source, mib(res.Stored), res.Elapsed)
-		return nil
 	},
 }
 

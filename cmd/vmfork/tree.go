@@ -26,19 +26,15 @@ line says what sharing saves. With NAME, only NAME's family is shown.
 		if cliCtx.NArg() > 1 {
 			return usageError{fmt.Errorf("tree takes at most one name, got %d", cliCtx.NArg())}
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		tr, err := mg.Tree(ctx, cliCtx.Args().First())
-		if err != nil {
-			return err
-		}
-		if cliCtx.Bool("json") {
-			return printJSON(tr)
-		}
-		return tr.Render(os.Stdout)
+		return run(cliCtx, func(v verb) error {
+			tr, err := v.mg.Tree(v.ctx, cliCtx.Args().First())
+			if err != nil {
+				return err
+			}
+			if v.cli.Bool("json") {
+				return printJSON(tr)
+			}
+			return tr.Render(os.Stdout)
+		})
 	},
 }

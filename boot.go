@@ -1,0 +1,101 @@
+package vmfork
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// bootPlan is a boot checked once.
+type bootPlan struct {
+	name   string
+	spec   Spec
+	driver string
+}
+
+// planBoot checks a boot of machine name from spec, taking name's lock in
+// l. Bad input (name, spec, files, a name already taken) stops here.
+func (mg *Manager) planBoot(ctx context.Context, name string, spec Spec, l *lockSet) (*bootPlan, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
+	if err := l.take(ctx, name); err != nil {
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
+	if err := mg.Store.nameFree(name); err != nil {
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	return &bootPlan{name: name, spec: spec, driver: mg.Driver.Name()}, nil
+}
+
+// Boot creates machine name from spec and starts it. It returns once the
+// guest agent answers. Bad input is rejected before anything is created
+// (planBoot); if QEMU fails, the machine's record and files are removed
+// again.
+func (mg *Manager) Boot(ctx context.Context, name string, spec Spec) (m *Machine, err error) {
+	mg.recoverFirst(ctx)
+	l := mg.locks()
+	defer l.release()
+	p, err := mg.planBoot(ctx, name, spec, l)
+	if err != nil {
+		return nil, err
+	}
+	return mg.applyBoot(ctx, p)
+}
+
+// PlanBoot checks a boot as Boot does and says what it would do.
+func (mg *Manager) PlanBoot(ctx context.Context, name string, spec Spec) (*Plan, error) {
+	return dryRun(mg.planBoot(ctx, name, spec, noLocks()))
+}
+
+func (p *bootPlan) render() *Plan {
+	out := &Plan{Command: "boot", Changed: true, Machines: []string{p.name}}
+	out.add("create machine %q (%d MiB, %d CPUs) with driver %q and start it", p.name, p.spec.MemoryMiB, p.spec.CPUs, p.driver)
+	return out
+}
+
+// applyBoot carries out plan p; the caller holds its lock.
+func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error) {
+	name := p.name
+	m := &Machine{
+		Name:    name,
+		Driver:  mg.Driver.Name(),
+		State:   StateCreating,
+		Spec:    p.spec,
+		Paths:   mg.Store.MachinePaths(name),
+		Created: time.Now().UTC(),
+	}
+	done, err := mg.Store.journal(journalEntry{Op: opBoot, Machines: []string{name}})
+	if err != nil {
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
+	defer done()
+	if err := mg.Store.CreateMachine(m); err != nil {
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	log := mg.Log.WithField("machine", name)
+	log.Info("booting")
+	start := time.Now()
+	if err := mg.Driver.Start(ctx, m); err != nil {
+		if rerr := mg.Store.RemoveMachine(name); rerr != nil {
+			log.WithError(rerr).Warn("could not remove the failed machine's files")
+		}
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
+	m.State = StateRunning
+	if err := mg.Store.SaveMachine(m); err != nil {
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
+	log.WithField("elapsed", time.Since(start).Round(time.Millisecond)).Info("guest agent answers")
+	return m, nil
+}
+
+// repairBoot removes the machine a boot whose vmfork process died left
+// half-made (state creating); one whose agent had answered stays
+// (journal.go).
+func (mg *Manager) repairBoot(ctx context.Context, e journalEntry) (done bool, err error) {
+	return mg.repairMachines(ctx, e)
+}
