@@ -65,20 +65,12 @@ func (m *Monitor) QueryStatus(ctx context.Context) (Status, error) {
 
 // GetFD passes f to QEMU under name, for use as "fd:name" in a migration URI. QEMU keeps its own
 // duplicate, so the caller may close f afterwards; CloseFD releases QEMU's copy.
-func (m *Monitor) GetFD(ctx context.Context, name string, f *os.File) error {
-	return getFD(ctx, m, name, f)
-}
-
-func getFD(ctx context.Context, ex Executor, name string, f *os.File) error {
+func GetFD(ctx context.Context, ex Executor, name string, f *os.File) error {
 	return ex.ExecuteWithFile(ctx, CmdGetFD, map[string]string{"fdname": name}, f, nil)
 }
 
 // CloseFD closes the descriptor QEMU holds under name.
-func (m *Monitor) CloseFD(ctx context.Context, name string) error {
-	return closeFD(ctx, m, name)
-}
-
-func closeFD(ctx context.Context, ex Executor, name string) error {
+func CloseFD(ctx context.Context, ex Executor, name string) error {
 	return ex.Execute(ctx, CmdCloseFD, map[string]string{"fdname": name}, nil)
 }
 

@@ -53,14 +53,14 @@ func CreateSaveFile(ctx context.Context, ex Executor, name, path string) (releas
 		return nil, fmt.Errorf("create device-state file: %w", err)
 	}
 	defer f.Close()
-	if err := getFD(ctx, ex, name, f); err != nil {
+	if err := GetFD(ctx, ex, name, f); err != nil {
 		return nil, fmt.Errorf("pass device-state file: %w", err)
 	}
 	return func() {
 		// Not under the caller's ctx: release runs on the way out, also after a cancel.
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		closeFD(cctx, ex, name)
+		CloseFD(cctx, ex, name)
 	}, nil
 }
 
@@ -91,7 +91,7 @@ func LoadDeviceState(ctx context.Context, ex Executor, name, path string, poll t
 	if err != nil {
 		return err
 	}
-	err = getFD(ctx, ex, name, f)
+	err = GetFD(ctx, ex, name, f)
 	f.Close()
 	if err != nil {
 		return err

@@ -33,7 +33,7 @@ func ExampleMonitor_WaitMigration() {
 		fmt.Println(err)
 		return
 	}
-	if err := mon.GetFD(ctx, "devstate", f); err != nil {
+	if err := qmp.GetFD(ctx, mon, "devstate", f); err != nil {
 		fmt.Println(err)
 		return
 	}

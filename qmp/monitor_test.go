@@ -393,7 +393,7 @@ func TestExecuteWithFile(t *testing.T) {
 		}),
 		qmptest.Expect("closefd").WithArgs(map[string]string{"fdname": "mig"}),
 	)
-	if err := m.GetFD(t.Context(), "mig", f); err != nil {
+	if err := qmp.GetFD(t.Context(), m, "mig", f); err != nil {
 		t.Fatalf("GetFD: %v", err)
 	}
 	select {
@@ -404,7 +404,7 @@ func TestExecuteWithFile(t *testing.T) {
 	default:
 		t.Error("the fake received no file")
 	}
-	if err := m.CloseFD(t.Context(), "mig"); err != nil {
+	if err := qmp.CloseFD(t.Context(), m, "mig"); err != nil {
 		t.Fatalf("CloseFD: %v", err)
 	}
 }
