@@ -103,19 +103,19 @@ type Manifest struct {
 	// was itself a fork child): the device state then carries all of RAM.
 	RAMSharedWithChildren bool `json:"ram_shared_with_children"`
 	// DevStateFormat is how the device state was saved: "" a migration
-	// stream, DevStateDevices the device sections alone (qmp.SaveDevices),
+	// stream, DevStateDevices the device sections alone (qemustate.SaveDevices),
 	// DevStateNoConfig a migration stream without its configuration
-	// section. A child's QEMU loads the last two with qmp.DevicesOnlyArgs.
+	// section. A child's QEMU loads the last two with qemustate.DevicesOnlyArgs.
 	DevStateFormat string `json:"devstate_format,omitempty"`
 }
 
 // Device-state formats other than a migration stream (Manifest.DevStateFormat).
 const (
 	// DevStateDevices is a device state saved without a migration
-	// (qmp.SaveDevices).
+	// (qemustate.SaveDevices).
 	DevStateDevices = "devices"
 	// DevStateNoConfig is a migration stream saved by a QEMU started with
-	// qmp.DevicesOnlyArgs (a child of a DevStateDevices template): it has
+	// qemustate.DevicesOnlyArgs (a child of a DevStateDevices template): it has
 	// no configuration section either.
 	DevStateNoConfig = "migration-noconfig"
 )

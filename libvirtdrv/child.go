@@ -16,7 +16,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
-	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/sharedmem"
 )
 
@@ -171,10 +171,10 @@ func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monito
 // loadDeviceState sets x-ignore-shared right before the load: unlike the
 // embedded driver, this one keeps no QEMU prepared ahead (no warm pool).
 func (d *Driver) loadDeviceState(ctx context.Context, mon monitor, t *vmfork.Template) error {
-	if err := qmp.SetIgnoreShared(ctx, mon); err != nil {
+	if err := qemustate.SetIgnoreShared(ctx, mon); err != nil {
 		return err
 	}
-	return qmp.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, qmp.WithLogger(mon.log))
+	return qemustate.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, mon.log)
 }
 
 // Resume implements vmfork.Forker.

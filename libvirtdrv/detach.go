@@ -11,6 +11,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 )
 
@@ -174,11 +175,11 @@ func ramBlockGone(ctx context.Context, ex qmp.Executor, name string) (bool, erro
 	if name == "" {
 		return true, nil
 	}
-	blocks, err := qmp.NonRAMBlocks(ctx, ex, ramAlias)
+	blocks, err := qemustate.NonRAMBlocks(ctx, ex, ramAlias)
 	if err != nil {
 		return false, err
 	}
-	return qmp.BlockOf(blocks, name) == "", nil
+	return qemustate.BlockOf(blocks, name) == "", nil
 }
 
 // hasAlias reports whether the live domain still has the shmem or hostdev

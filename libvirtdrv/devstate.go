@@ -5,12 +5,12 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/qemustate"
 )
 
 // The device state of a libvirt fork is saved as the device sections alone
-// (qmp.SaveDevices) where it can be, as on the embedded driver
-// (qmp.PrepareDeviceState decides, prepareDevState in fork.go). On libvirt it
+// (qemustate.SaveDevices) where it can be, as on the embedded driver
+// (qemustate.PrepareDeviceState decides, prepareDevState in fork.go). On libvirt it
 // matters more: the migration stream's end inactivates every block node of
 // the source, and the cont inside virDomainResume then reopens each layer of
 // the disk's chain (QEMU 7.2's bdrv_activate_all), so the pause grew by ~0.7
@@ -18,7 +18,7 @@ import (
 // poll of the migration is a libvirtd RPC.
 
 // addDevicesOnlyArgs readies a child's QEMU for a device state of the device
-// sections alone (qmp.DevicesOnlyArgs), once: a child of a child inherits
+// sections alone (qemustate.DevicesOnlyArgs), once: a child of a child inherits
 // its source's command line with the source's XML. The arguments then stay
 // for every descendant, whose streams of either kind carry no configuration
 // section, which their own children, inheriting them too, expect.
@@ -30,7 +30,7 @@ func addDevicesOnlyArgs(d *libvirtxml.Domain) {
 	for _, a := range d.QEMUCommandline.Args {
 		have = append(have, a.Value)
 	}
-	want := qmp.DevicesOnlyArgs
+	want := qemustate.DevicesOnlyArgs
 	for i := 0; i < len(want); i++ {
 		arg := []string{want[i]}
 		if want[i] == "-global" && i+1 < len(want) {

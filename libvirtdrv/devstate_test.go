@@ -6,7 +6,7 @@ import (
 
 	"libvirt.org/go/libvirtxml"
 
-	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/qemustate"
 )
 
 func args(d *libvirtxml.Domain) string {
@@ -18,7 +18,7 @@ func args(d *libvirtxml.Domain) string {
 }
 
 // TestAddDevicesOnlyArgs checks that a child readied for a device-sections
-// file gets qmp.DevicesOnlyArgs next to -incoming defer, and that its own
+// file gets qemustate.DevicesOnlyArgs next to -incoming defer, and that its own
 // child, derived from its XML (which carries them), does not get them twice.
 func TestAddDevicesOnlyArgs(t *testing.T) {
 	c := testChild()
@@ -32,7 +32,7 @@ func TestAddDevicesOnlyArgs(t *testing.T) {
 		t.Fatalf("ChildXML alone already has %q", before)
 	}
 	addDevicesOnlyArgs(d)
-	want := strings.Join(qmp.DevicesOnlyArgs, " ")
+	want := strings.Join(qemustate.DevicesOnlyArgs, " ")
 	got := args(d)
 	if got != before+" "+want {
 		t.Fatalf("args %q, want %q followed by %q", got, before, want)

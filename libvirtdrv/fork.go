@@ -17,6 +17,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -137,13 +138,13 @@ func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machin
 }
 
 // prepareDevState readies r's device-state save before the pause
-// (qmp.PrepareDeviceState, as on the embedded driver; devstate.go says why it
+// (qemustate.PrepareDeviceState, as on the embedded driver; devstate.go says why it
 // matters more here), through the passthrough, and records its format in t's
-// manifest. A child's domain keeps qmp.DevicesOnlyArgs from its source's
+// manifest. A child's domain keeps qemustate.DevicesOnlyArgs from its source's
 // XML, so a migration stream it saves has no configuration section either,
 // and its children have the arguments too.
 func prepareDevState(ctx context.Context, mon monitor, t *vmfork.Template, ram *sharedmem.Plan, r *sharedmem.Recipe) (release func(), err error) {
-	s, err := qmp.PrepareDeviceState(ctx, mon, t.Paths.DevState, devStateFD, ramAlias, ram.Mode != sharedmem.Stream, migrationPoll, qmp.WithLogger(mon.log))
+	s, err := qemustate.PrepareDeviceState(ctx, mon, t.Paths.DevState, devStateFD, ramAlias, ram.Mode != sharedmem.Stream, migrationPoll, mon.log)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +201,7 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 	if err != nil {
 		return nil, err
 	}
-	if err := qmp.PrepareSave(ctx, mon); errors.Is(err, qmp.ErrMigrationBlocked) {
+	if err := qemustate.PrepareSave(ctx, mon); errors.Is(err, qemustate.ErrMigrationBlocked) {
 		return nil, fmt.Errorf("%w: %w", err, vmfork.ErrUnsupported)
 	} else if err != nil {
 		return nil, err

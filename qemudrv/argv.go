@@ -7,7 +7,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/profile"
-	"github.com/vmfork/vmfork/qmp"
+	"github.com/vmfork/vmfork/qemustate"
 )
 
 // Fixed ids of the devices and objects every machine has. Device ids and PCI
@@ -37,7 +37,7 @@ type ArgvOptions struct {
 	// Incoming starts QEMU with -incoming defer, to load device state over QMP.
 	Incoming bool
 	// DevicesOnly, with Incoming, readies QEMU for a device state saved
-	// without a migration (qmp.SaveDevices): its template's DevStateFormat.
+	// without a migration (qemustate.SaveDevices): its template's DevStateFormat.
 	DevicesOnly bool
 }
 
@@ -114,7 +114,7 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		// identity chain has given it its own MAC and address.
 		add("-global", "migration.announce-rounds=0")
 		if opt.DevicesOnly {
-			add(qmp.DevicesOnlyArgs...)
+			add(qemustate.DevicesOnlyArgs...)
 		}
 		add("-incoming", "defer")
 	}

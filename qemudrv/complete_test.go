@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/qmp/qmptest"
 )
@@ -75,7 +76,7 @@ func TestCompleteFailure(t *testing.T) {
 			}))
 		},
 		wantSigs: []syscall.Signal{syscall.SIGKILL},
-		wantIs:   qmp.ErrMigrationFailed,
+		wantIs:   qemustate.ErrMigrationFailed,
 		wantErr:  []string{"load device state", "Unable to read from socket"},
 	}, {
 		name: "QEMU exits during the load",

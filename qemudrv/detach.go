@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 )
 
@@ -44,7 +45,7 @@ func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfor
 			}
 			hint = "; device " + strings.Join(names, ", device ") + " can be unplugged for the fork with --detach-devices"
 		}
-		return replug, fmt.Errorf("%w: %s%s: %w", qmp.ErrMigrationBlocked, strings.Join(reasons, "; "), hint, vmfork.ErrUnsupported)
+		return replug, fmt.Errorf("%w: %s%s: %w", qemustate.ErrMigrationBlocked, strings.Join(reasons, "; "), hint, vmfork.ErrUnsupported)
 	}
 	// Both specs get copies: they share the slice with each other.
 	src.Spec.Devices = slices.Clone(src.Spec.Devices)
@@ -102,7 +103,7 @@ func (d *Driver) detachDevices(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		return func(context.Context) {}, err
 	}
 	if reasons, err = blockedReasons(ctx, mon); err == nil && len(reasons) > 0 {
-		err = fmt.Errorf("%w with its devices detached: %s: %w", qmp.ErrMigrationBlocked, strings.Join(reasons, "; "), vmfork.ErrUnsupported)
+		err = fmt.Errorf("%w with its devices detached: %s: %w", qemustate.ErrMigrationBlocked, strings.Join(reasons, "; "), vmfork.ErrUnsupported)
 	}
 	if err != nil {
 		replug(ctx)
@@ -125,13 +126,13 @@ func ramBlocksGone(ctx context.Context, mon *qmp.Monitor, objects []string) erro
 	ctx, cancel := context.WithTimeout(ctx, detachTimeout)
 	defer cancel()
 	for {
-		blocks, err := qmp.NonRAMBlocks(ctx, mon, ramID)
+		blocks, err := qemustate.NonRAMBlocks(ctx, mon, ramID)
 		if err != nil {
 			return fmt.Errorf("detach devices: %w", err)
 		}
 		left := ""
 		for _, o := range objects {
-			if b := qmp.BlockOf(blocks, vmfork.ObjectID(o)); b != "" {
+			if b := qemustate.BlockOf(blocks, vmfork.ObjectID(o)); b != "" {
 				left = b
 			}
 		}
@@ -147,8 +148,8 @@ func ramBlocksGone(ctx context.Context, mon *qmp.Monitor, objects []string) erro
 }
 
 func blockedReasons(ctx context.Context, mon *qmp.Monitor) ([]string, error) {
-	var info qmp.MigrationInfo
-	if err := mon.Execute(ctx, qmp.CmdQueryMigrate, nil, &info); err != nil {
+	var info qemustate.MigrationInfo
+	if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err != nil {
 		return nil, fmt.Errorf("query migration: %w", err)
 	}
 	return info.BlockedReasons, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -39,7 +40,7 @@ type freezePrep struct {
 
 func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template) (p *freezePrep, err error) {
 	p = &freezePrep{cleanup: func() {}}
-	if err := qmp.PrepareSave(ctx, mon); errors.Is(err, qmp.ErrMigrationBlocked) {
+	if err := qemustate.PrepareSave(ctx, mon); errors.Is(err, qemustate.ErrMigrationBlocked) {
 		return nil, fmt.Errorf("%w: %w", err, vmfork.ErrUnsupported)
 	} else if err != nil {
 		return nil, err
@@ -219,7 +220,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	// Capabilities are global to the QEMU process and outlive this
 	// connection; the device-state fd is passed in Complete, because QEMU
 	// keeps getfd descriptors per monitor connection state.
-	return qmp.SetIgnoreShared(ctx, mon)
+	return qemustate.SetIgnoreShared(ctx, mon)
 }
 
 // Complete implements vmfork.Pooler: it loads the device state into a
@@ -237,7 +238,7 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		return fmt.Errorf("connect to QMP: %w", err)
 	}
 	defer mon.Close()
-	if err := qmp.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, qmp.WithLogger(log)); err != nil {
+	if err := qemustate.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, log); err != nil {
 		// A QEMU that rejects the stream exits: its log says why.
 		time.Sleep(100 * time.Millisecond)
 		if !d.procs.alive(m.PID, m.Paths.QMP) {

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -113,12 +114,12 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 }
 
 // prepareDevState readies the device-state save of r, before the pause
-// (qmp.PrepareDeviceState: the device sections alone when the template's RAM
+// (qemustate.PrepareDeviceState: the device sections alone when the template's RAM
 // file will hold all of the guest's writable memory, else a migration
 // stream), and records its format in t's manifest.
 func (d *Driver) prepareDevState(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, ram *sharedmem.Plan, r *sharedmem.Recipe) (release func(), err error) {
 	log := d.log.WithField("machine", src.Name)
-	s, err := qmp.PrepareDeviceState(ctx, mon, t.Paths.DevState, devStateFD, ramID, ram.Mode != sharedmem.Stream, migrationPoll, qmp.WithLogger(log))
+	s, err := qemustate.PrepareDeviceState(ctx, mon, t.Paths.DevState, devStateFD, ramID, ram.Mode != sharedmem.Stream, migrationPoll, log)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +127,7 @@ func (d *Driver) prepareDevState(ctx context.Context, mon *qmp.Monitor, src *vmf
 	switch {
 	case s.DevicesOnly:
 		t.Manifest.DevStateFormat = vmfork.DevStateDevices
-	case d.procs.alive(src.PID, qmp.DevicesOnlyArgs[1]):
+	case d.procs.alive(src.PID, qemustate.DevicesOnlyArgs[1]):
 		// A child of a devices-only template (its command line has
 		// send-configuration=off) saves no configuration section; its
 		// children must not expect one.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/qmp/qmptest"
 )
@@ -75,12 +76,12 @@ func TestFreeze(t *testing.T) {
 }
 
 // TestFreezeNoConfig: a source started for a device-sections template
-// (qmp.DevicesOnlyArgs) that has to save a migration stream writes no
+// (qemustate.DevicesOnlyArgs) that has to save a migration stream writes no
 // configuration section, and its template says so, so that its children get
 // the arguments too.
 func TestFreezeNoConfig(t *testing.T) {
 	q := newFakeQEMU()
-	q.args = []string{qmp.DevicesOnlyArgs[1]}
+	q.args = []string{qemustate.DevicesOnlyArgs[1]}
 	_, tpl := freezeOK(t, q)
 	if tpl.Manifest.DevStateFormat != vmfork.DevStateNoConfig {
 		t.Errorf("template: device-state format %q, want %q", tpl.Manifest.DevStateFormat, vmfork.DevStateNoConfig)
@@ -105,7 +106,7 @@ func TestFreezeFailure(t *testing.T) {
 			qmptest.Expect("cont"), // the rollback resumes the source
 			closeFD,
 		},
-		wantIs:  []error{qmp.ErrMigrationFailed},
+		wantIs:  []error{qemustate.ErrMigrationFailed},
 		wantNot: []error{vmfork.ErrStillPaused},
 		wantErr: "Unable to write to file",
 	}, {
@@ -116,7 +117,7 @@ func TestFreezeFailure(t *testing.T) {
 			qmptest.Expect("cont"),
 			closeFD,
 		},
-		wantIs:  []error{qmp.ErrMigrationFailed},
+		wantIs:  []error{qemustate.ErrMigrationFailed},
 		wantNot: []error{vmfork.ErrStillPaused},
 	}, {
 		name: "resume fails",

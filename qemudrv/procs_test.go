@@ -27,7 +27,7 @@ type fakeQEMU struct {
 	// stuck in the kernel).
 	survives []syscall.Signal
 	// args are markers its command line has beside its QMP socket (alive
-	// finds only those), such as qmp.DevicesOnlyArgs.
+	// finds only those), such as qemustate.DevicesOnlyArgs.
 	args []string
 }
 

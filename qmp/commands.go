@@ -8,24 +8,20 @@ import (
 )
 
 // QMP command names used by vmfork (QEMU 7.2, qapi/*.json). go-qemu's generated qmp/raw follows
-// the QEMU 2.11 schema, so the typed helpers below are written by hand.
+// the QEMU 2.11 schema, so the typed helpers below are written by hand. The migration commands
+// are in package qemustate, with the sequences that send them.
 const (
-	CmdQMPCapabilities        = "qmp_capabilities"
-	CmdStop                   = "stop"
-	CmdCont                   = "cont"
-	CmdQueryStatus            = "query-status"
-	CmdQueryMigrate           = "query-migrate"
-	CmdMigrateSetCapabilities = "migrate-set-capabilities"
-	CmdMigrate                = "migrate"
-	CmdMigrateIncoming        = "migrate-incoming"
-	CmdMigrateCancel          = "migrate_cancel"
-	CmdGetFD                  = "getfd"
-	CmdCloseFD                = "closefd"
-	CmdBlockdevSnapshotSync   = "blockdev-snapshot-sync"
-	CmdSetLink                = "set_link"
-	CmdSystemPowerdown        = "system_powerdown"
-	CmdQuit                   = "quit"
-	CmdQueryVMGenerationID    = "query-vm-generation-id"
+	CmdQMPCapabilities      = "qmp_capabilities"
+	CmdStop                 = "stop"
+	CmdCont                 = "cont"
+	CmdQueryStatus          = "query-status"
+	CmdGetFD                = "getfd"
+	CmdCloseFD              = "closefd"
+	CmdBlockdevSnapshotSync = "blockdev-snapshot-sync"
+	CmdSetLink              = "set_link"
+	CmdSystemPowerdown      = "system_powerdown"
+	CmdQuit                 = "quit"
+	CmdQueryVMGenerationID  = "query-vm-generation-id"
 )
 
 // Run states reported by query-status (qapi/run-state.json, RunState) that vmfork acts on.

@@ -32,15 +32,17 @@
 //
 // When the socket reaches EOF the reader closes Done(), every pending and later call fails with an
 // error that wraps ErrClosed and names the command, and every event channel is closed after its
-// queued events. Waiters (WaitMigration, WaitEvent) therefore notice a QEMU that died mid-wait
-// immediately instead of at their deadline.
+// queued events. Waiters (WaitEvent here, qemustate.WaitMigration) therefore notice a QEMU that
+// died mid-wait immediately instead of at their deadline.
 //
-// # Sequences over an Executor
+// # The Executor
 //
-// The device-state save and load (PrepareSave, CreateSaveFile, SaveDeviceState, LoadDeviceState)
-// and WaitMigration take an Executor, the two-method core of Monitor, not a *Monitor: where
-// libvirt owns the QMP socket, its driver runs the same sequences through libvirt's monitor
-// passthrough, encoding and decoding with EncodeCommand and DecodeReply.
+// Executor is the two-method core of Monitor (Execute, ExecuteWithFile). Code that only runs
+// commands takes an Executor, not a *Monitor: where libvirt owns the QMP socket, its driver
+// provides one through libvirt's monitor passthrough, encoding and decoding with EncodeCommand
+// and DecodeReply. The QEMU state sequences built on it (the device-state save and load, the
+// migration waits) are package qemustate's; the plain commands they need, such as getfd
+// (GetFD), are here.
 //
 // # Why not go-qemu's SocketMonitor
 //

@@ -29,10 +29,6 @@ var (
 // socket went away, or the caller closed the client. The error names the command that was cut off.
 var ErrClosed = errors.New("connection closed")
 
-// ErrMigrationFailed is wrapped by WaitMigration's error when the migration ends in "failed" or
-// "cancelled".
-var ErrMigrationFailed = errors.New("migration failed")
-
 var classErrors = map[string]error{
 	ClassGenericError:    ErrGenericError,
 	ClassCommandNotFound: ErrCommandNotFound,

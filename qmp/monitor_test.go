@@ -144,7 +144,7 @@ func TestExecuteError(t *testing.T) {
 		t.Errorf("error: got %+v, want %+v", *qerr, want)
 	}
 
-	err = m.MigrateIncoming(t.Context(), "file:/tmp/x")
+	err = m.Execute(t.Context(), "migrate-incoming", map[string]string{"uri": "file:/tmp/x"}, nil)
 	if !errors.Is(err, qmp.ErrGenericError) {
 		t.Errorf("errors.Is(%v, ErrGenericError): got false, want true", err)
 	}

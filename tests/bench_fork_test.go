@@ -19,6 +19,7 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qemudrv"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
 	"github.com/vmfork/vmfork/tests/bench"
@@ -264,10 +265,10 @@ func floor(b *testing.B, e *env, name string) float64 {
 		time.Sleep(time.Millisecond)
 	}
 	defer mon.Close()
-	if err := qmp.SetIgnoreShared(ctx, mon); err != nil {
+	if err := qemustate.SetIgnoreShared(ctx, mon); err != nil {
 		b.Fatal(err)
 	}
-	if err := qmp.LoadDeviceState(ctx, mon, "st", filepath.Join(tplDir, "devstate"), time.Millisecond); err != nil {
+	if err := qemustate.LoadDeviceState(ctx, mon, "st", filepath.Join(tplDir, "devstate"), time.Millisecond, nil); err != nil {
 		b.Fatal(err)
 	}
 	if err := mon.Cont(ctx); err != nil {

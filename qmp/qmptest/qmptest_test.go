@@ -81,7 +81,7 @@ func TestFakeReports(t *testing.T) {
 		{
 			name:   "wrong arguments",
 			script: []qmptest.Step{qmptest.Expect("migrate").WithArgs(map[string]string{"uri": "fd:mig"})},
-			run:    func(m *qmp.Monitor) { m.Migrate(t.Context(), "exec:cat") },
+			run:    func(m *qmp.Monitor) { m.Execute(t.Context(), "migrate", map[string]string{"uri": "exec:cat"}, nil) },
 			want:   `got arguments {"uri":"exec:cat"}, want {"uri":"fd:mig"}`,
 		},
 		{

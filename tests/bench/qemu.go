@@ -13,6 +13,7 @@ import (
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qemudrv"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 )
 
@@ -106,13 +107,13 @@ func (e *Env) spawnFromTemplate(ctx context.Context, child, label string) (q *ba
 
 // setCaps turns on x-ignore-shared, which both ends of a template load need.
 func (q *bareQEMU) setCaps(ctx context.Context) error {
-	return qmp.SetIgnoreShared(ctx, q.mon)
+	return qemustate.SetIgnoreShared(ctx, q.mon)
 }
 
 // load streams the template's device state in through a passed fd and
-// waits until the load completed: vmfork's own sequence (qmp.LoadDeviceState).
+// waits until the load completed: vmfork's own sequence (qemustate.LoadDeviceState).
 func (q *bareQEMU) load(ctx context.Context) error {
-	return qmp.LoadDeviceState(ctx, q.mon, "st", q.tpl.Paths.DevState, time.Millisecond)
+	return qemustate.LoadDeviceState(ctx, q.mon, "st", q.tpl.Paths.DevState, time.Millisecond, nil)
 }
 
 // waitAgent waits until the guest agent answers a ping, as vmfork's own

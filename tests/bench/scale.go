@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/profile"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -249,7 +250,7 @@ func dirAllocated(dir string) int64 {
 // pauseFloor pauses machine name for stop, a device-state save into a
 // scratch file, and cont, and returns how long it was paused: the floor of
 // any freeze of it. The save is the one a fork of it makes: the device
-// sections alone (qmp.SaveDevices) where the guest has no RAM block outside
+// sections alone (qemustate.SaveDevices) where the guest has no RAM block outside
 // its memory file, else a migration stream with x-ignore-shared.
 func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	m, err := e.mgr.Store.LoadMachine(name)
@@ -261,7 +262,7 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
 	defer mon.Close()
-	if err := qmp.PrepareSave(ctx, mon); err != nil {
+	if err := qemustate.PrepareSave(ctx, mon); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
 	scratch := filepath.Join(m.Paths.Dir, "floor.devstate")
@@ -270,7 +271,7 @@ func (e *Env) pauseFloor(ctx context.Context, name string) (float64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	save, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", profile.RAMBlock, shared, 2*time.Millisecond)
+	save, err := qemustate.PrepareDeviceState(ctx, mon, scratch, "floor", profile.RAMBlock, shared, 2*time.Millisecond, nil)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}

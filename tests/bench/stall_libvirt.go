@@ -12,6 +12,7 @@ import (
 	"libvirt.org/go/libvirt"
 
 	"github.com/vmfork/vmfork/profile"
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -34,17 +35,17 @@ func (e *Env) pauseFloorLibvirt(ctx context.Context, name string) (float64, erro
 	}
 	defer dom.Free()
 	mon := lvMonitor{dom}
-	if err := qmp.PrepareSave(ctx, mon); err != nil {
+	if err := qemustate.PrepareSave(ctx, mon); err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
 	scratch := filepath.Join(e.dir, name+".floor.devstate")
 	defer os.Remove(scratch)
-	// The save the driver's freeze makes (qmp.PrepareDeviceState).
+	// The save the driver's freeze makes (qemustate.PrepareDeviceState).
 	shared, err := sharedmem.QOMShare(ctx, mon, profile.RAMBlock)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}
-	prep, err := qmp.PrepareDeviceState(ctx, mon, scratch, "floor", profile.RAMBlock, shared, 2*time.Millisecond)
+	prep, err := qemustate.PrepareDeviceState(ctx, mon, scratch, "floor", profile.RAMBlock, shared, 2*time.Millisecond, nil)
 	if err != nil {
 		return 0, fmt.Errorf("pause floor of %s: %w", name, err)
 	}

@@ -1,4 +1,4 @@
-package qmp
+package qemustate
 
 import (
 	"context"
@@ -94,7 +94,7 @@ func TestPrepareDeviceState(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "devstate")
-			s, err := PrepareDeviceState(t.Context(), tc.ex, path, "vmfork-devstate", "pc.ram", tc.ramInFile, time.Millisecond)
+			s, err := PrepareDeviceState(t.Context(), tc.ex, path, "vmfork-devstate", "pc.ram", tc.ramInFile, time.Millisecond, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,10 +1,29 @@
-package qmp
+package qemustate
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/qmp"
 )
+
+// Migration commands (QEMU 7.2, qapi/migration.json). Only the sequences of this package send them.
+const (
+	CmdQueryMigrate           = "query-migrate"
+	CmdMigrateSetCapabilities = "migrate-set-capabilities"
+	CmdMigrate                = "migrate"
+	CmdMigrateIncoming        = "migrate-incoming"
+	CmdMigrateCancel          = "migrate_cancel"
+)
+
+// ErrMigrationFailed is wrapped by WaitMigration's error when the migration ends in "failed" or
+// "cancelled".
+var ErrMigrationFailed = errors.New("migration failed")
 
 // Migration capabilities vmfork sets (qapi/migration.json, MigrationCapability).
 const (
@@ -60,73 +79,46 @@ type MigrationRAM struct {
 	MBps        float64 `json:"mbps"`
 }
 
-// MigrateSetCapabilities sets migration capabilities. They must be set before migrate or
+// setCapabilities sets migration capabilities. They must be set before migrate or
 // migrate-incoming, identically on both ends.
-func (m *Monitor) MigrateSetCapabilities(ctx context.Context, caps []Capability) error {
-	return setCapabilities(ctx, m, caps)
-}
-
-func setCapabilities(ctx context.Context, ex Executor, caps []Capability) error {
+func setCapabilities(ctx context.Context, ex qmp.Executor, caps []Capability) error {
 	args := struct {
 		Capabilities []Capability `json:"capabilities"`
 	}{caps}
 	return ex.Execute(ctx, CmdMigrateSetCapabilities, args, nil)
 }
 
-// Migrate starts an outgoing migration to uri and returns once it has started; WaitMigration
-// waits for the end. QEMU 7.2 takes tcp:, unix:, vsock:, rdma:, exec: and fd: URIs but not file:
-// (QEMU 8.2). exec: runs /bin/sh -c and dies under libvirt's seccomp; prefer fd: with GetFD.
-func (m *Monitor) Migrate(ctx context.Context, uri string) error {
-	return migrate(ctx, m, CmdMigrate, uri)
-}
-
-// migrate runs cmd, migrate or migrate-incoming, with uri.
-func migrate(ctx context.Context, ex Executor, cmd, uri string) error {
+// migrate runs cmd, migrate or migrate-incoming, with uri, and returns once the migration has
+// started; WaitMigration waits for the end. QEMU 7.2 takes tcp:, unix:, vsock:, rdma:, exec: and
+// fd: URIs but not file: (QEMU 8.2). exec: runs /bin/sh -c and dies under libvirt's seccomp; this
+// package uses fd: with qmp.GetFD. A failed incoming load makes that QEMU exit, which
+// WaitMigration reports as qmp.ErrClosed.
+func migrate(ctx context.Context, ex qmp.Executor, cmd, uri string) error {
 	return ex.Execute(ctx, cmd, map[string]string{"uri": uri}, nil)
 }
 
-// MigrateIncoming starts loading a migration stream from uri into a QEMU started with
-// -incoming defer. A failed load makes that QEMU exit, which WaitMigration reports as ErrClosed.
-func (m *Monitor) MigrateIncoming(ctx context.Context, uri string) error {
-	return migrate(ctx, m, CmdMigrateIncoming, uri)
-}
-
-// MigrateCancel cancels the outgoing migration; its state goes through "cancelling" to "cancelled".
-func (m *Monitor) MigrateCancel(ctx context.Context) error {
-	return m.Execute(ctx, CmdMigrateCancel, nil, nil)
-}
-
-// QueryMigrate reports the state of the current or last migration.
-func (m *Monitor) QueryMigrate(ctx context.Context) (MigrationInfo, error) {
-	return queryMigrate(ctx, m)
-}
-
-func queryMigrate(ctx context.Context, ex Executor) (MigrationInfo, error) {
+// queryMigrate reports the state of the current or last migration.
+func queryMigrate(ctx context.Context, ex qmp.Executor) (MigrationInfo, error) {
 	var info MigrationInfo
 	err := ex.Execute(ctx, CmdQueryMigrate, nil, &info)
 	return info, err
 }
 
-// WaitMigration is the package's WaitMigration on this connection, logging each state change.
-func (m *Monitor) WaitMigration(ctx context.Context, poll time.Duration) (MigrationInfo, error) {
-	return WaitMigration(ctx, m, poll, WithLogger(m.log))
-}
-
 // WaitMigration polls query-migrate every poll until the migration reaches a terminal state, and
 // returns the last MigrationInfo in every case. "completed" returns a nil error; "failed" and
 // "cancelled" return an error wrapping ErrMigrationFailed with QEMU's error-desc; ctx ending
-// returns ctx.Err() wrapped with the last state. On a *Monitor, QEMU exiting mid-wait (a failed
-// incoming load does that) returns an error wrapping ErrClosed as soon as the socket closes, not
-// at the next tick. WithLogger logs each state change.
+// returns ctx.Err() wrapped with the last state. On a *qmp.Monitor, QEMU exiting mid-wait (a
+// failed incoming load does that) returns an error wrapping qmp.ErrClosed as soon as the socket
+// closes, not at the next tick. log, when not nil, gets each state change at debug level.
 //
 // Call it after migrate or migrate-incoming has returned: before that the state is "none", which
 // is not treated as terminal because an incoming QEMU reports it until the stream starts.
-func WaitMigration(ctx context.Context, ex Executor, poll time.Duration, opts ...Option) (MigrationInfo, error) {
-	log := buildOptions(opts).log
-	// An Executor that knows when its connection ends (a *Monitor) ends the wait at once; for
+func WaitMigration(ctx context.Context, ex qmp.Executor, poll time.Duration, log *logrus.Entry) (MigrationInfo, error) {
+	log = orDiscard(log)
+	// An Executor that knows when its connection ends (a *qmp.Monitor) ends the wait at once; for
 	// another, a QEMU that exits fails the next query-migrate.
 	var done <-chan struct{}
-	connErr := func() error { return ErrClosed }
+	connErr := func() error { return qmp.ErrClosed }
 	if c, ok := ex.(interface {
 		Done() <-chan struct{}
 		Err() error
@@ -171,4 +163,16 @@ func WaitMigration(ctx context.Context, ex Executor, poll time.Duration, opts ..
 				last, time.Since(start).Round(time.Millisecond), ctx.Err())
 		}
 	}
+}
+
+// orDiscard returns log, or for nil a logger that drops everything: the sequences never use
+// logrus's global logger, so the caller chooses fields and sinks.
+func orDiscard(log *logrus.Entry) *logrus.Entry {
+	if log != nil {
+		return log
+	}
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	l.SetLevel(logrus.PanicLevel)
+	return logrus.NewEntry(l)
 }

@@ -1,4 +1,4 @@
-package qmp
+package qemustate
 
 import (
 	"context"
@@ -7,6 +7,10 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vmfork/vmfork/qmp"
 )
 
 // A device-state file without RAM, and without a migration. The migration
@@ -39,7 +43,7 @@ var DevicesOnlyArgs = []string{"-global", "migration.send-configuration=off", "-
 // which a QEMU started with the same configuration builds with the same
 // contents. A guest-writable block (a display's video RAM, a device's
 // memory) is returned: its contents are only in a migration stream.
-func NonRAMBlocks(ctx context.Context, ex Executor, shared string) ([]string, error) {
+func NonRAMBlocks(ctx context.Context, ex qmp.Executor, shared string) ([]string, error) {
 	var out string
 	if err := ex.Execute(ctx, "human-monitor-command", map[string]string{"command-line": "info ramblock"}, &out); err != nil {
 		return nil, fmt.Errorf("list RAM blocks: %w", err)
@@ -116,7 +120,7 @@ func firstLine(s string) string {
 // hands it to QEMU in an fd set, for SaveDevices with the returned name.
 // Done before the VM pauses, as CreateSaveFile. release removes the fd set;
 // call it once the save is over or did not happen.
-func CreateDevicesFile(ctx context.Context, ex Executor, path string) (name string, release func(), err error) {
+func CreateDevicesFile(ctx context.Context, ex qmp.Executor, path string) (name string, release func(), err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
 		return "", nil, fmt.Errorf("create device-state file: %w", err)
@@ -139,7 +143,7 @@ func CreateDevicesFile(ctx context.Context, ex Executor, path string) (name stri
 // SaveDevices writes the paused VM's device state, without RAM, into the
 // file CreateDevicesFile passed as name. It returns when the file is
 // complete; the VM stays paused and its block nodes active.
-func SaveDevices(ctx context.Context, ex Executor, name string) error {
+func SaveDevices(ctx context.Context, ex qmp.Executor, name string) error {
 	if err := ex.Execute(ctx, "xen-save-devices-state", map[string]any{"filename": name, "live": false}, nil); err != nil {
 		return fmt.Errorf("save device state: %w", err)
 	}
@@ -168,10 +172,9 @@ type DeviceStateSave struct {
 // and QEMU has no other RAM block but ROMs (NonRAMBlocks); otherwise a
 // migration stream with x-ignore-shared, through the descriptor name fdName,
 // polled every poll. A failed look at the RAM blocks is not an error: the
-// migration stream is right for any guest. It logs at debug level why it
-// chose a migration stream.
-func PrepareDeviceState(ctx context.Context, ex Executor, path, fdName, ramBlock string, ramInFile bool, poll time.Duration, opts ...Option) (*DeviceStateSave, error) {
-	log := buildOptions(opts).log
+// migration stream is right for any guest. log, when not nil, gets at debug
+// level why it chose a migration stream, and the save's state changes.
+func PrepareDeviceState(ctx context.Context, ex qmp.Executor, path, fdName, ramBlock string, ramInFile bool, poll time.Duration, log *logrus.Entry) (*DeviceStateSave, error) {
 	if ramInFile {
 		blocks, err := NonRAMBlocks(ctx, ex, ramBlock)
 		if err == nil && len(blocks) == 0 {
@@ -184,7 +187,7 @@ func PrepareDeviceState(ctx context.Context, ex Executor, path, fdName, ramBlock
 				Save: func(ctx context.Context) error { return SaveDevices(ctx, ex, name) },
 			}, nil
 		}
-		log.WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
+		orDiscard(log).WithError(err).WithField("ram_blocks", blocks).Debug("device state saved as a migration stream: RAM outside the guest's memory file")
 	}
 	release, err := CreateSaveFile(ctx, ex, fdName, path)
 	if err != nil {
@@ -192,6 +195,6 @@ func PrepareDeviceState(ctx context.Context, ex Executor, path, fdName, ramBlock
 	}
 	return &DeviceStateSave{
 		Release: release,
-		Save:    func(ctx context.Context) error { return SaveDeviceState(ctx, ex, fdName, poll, opts...) },
+		Save:    func(ctx context.Context) error { return SaveDeviceState(ctx, ex, fdName, poll, log) },
 	}, nil
 }

@@ -1,4 +1,4 @@
-package qmp_test
+package qemustate_test
 
 import (
 	"context"
@@ -8,9 +8,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/qmp/qmptest"
 )
+
+// dial connects to a fake and closes the monitor when the test ends, before the fake stops.
+func dial(t *testing.T, script ...qmptest.Step) *qmp.Monitor {
+	t.Helper()
+	sock := qmptest.NewServer(t, script...)
+	m, err := qmp.Dial(t.Context(), sock)
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
 
 // The device-state save of a freeze, in the order a driver runs it.
 func TestSaveSequence(t *testing.T) {
@@ -26,18 +39,18 @@ func TestSaveSequence(t *testing.T) {
 		qmptest.Expect("closefd").WithArgs(map[string]string{"fdname": "ds"}).Fail(qmp.ClassGenericError, "File descriptor named 'ds' not found"),
 	)
 	ctx := t.Context()
-	if err := qmp.PrepareSave(ctx, m); err != nil {
+	if err := qemustate.PrepareSave(ctx, m); err != nil {
 		t.Fatalf("PrepareSave: %v", err)
 	}
-	release, err := qmp.CreateSaveFile(ctx, m, "ds", path)
+	release, err := qemustate.CreateSaveFile(ctx, m, "ds", path)
 	if err != nil {
 		t.Fatalf("CreateSaveFile: %v", err)
 	}
-	if err := qmp.SaveDeviceState(ctx, m, "ds", time.Millisecond); err != nil {
+	if err := qemustate.SaveDeviceState(ctx, m, "ds", time.Millisecond, nil); err != nil {
 		t.Fatalf("SaveDeviceState: %v", err)
 	}
 	release()
-	if _, err := qmp.CreateSaveFile(ctx, m, "ds", path); err == nil {
+	if _, err := qemustate.CreateSaveFile(ctx, m, "ds", path); err == nil {
 		t.Errorf("CreateSaveFile on an existing file: got nil error, want one")
 	}
 }
@@ -46,8 +59,8 @@ func TestPrepareSaveBlocked(t *testing.T) {
 	m := dial(t, qmptest.Expect("query-migrate").Return(map[string]any{
 		"status": "none", "blocked-reasons": []string{"VFIO device doesn't support migration"},
 	}))
-	err := qmp.PrepareSave(t.Context(), m)
-	if !errors.Is(err, qmp.ErrMigrationBlocked) {
+	err := qemustate.PrepareSave(t.Context(), m)
+	if !errors.Is(err, qemustate.ErrMigrationBlocked) {
 		t.Fatalf("PrepareSave: got %v, want ErrMigrationBlocked", err)
 	}
 }
@@ -62,7 +75,7 @@ func TestSaveDeviceStateCancelled(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	if err := qmp.SaveDeviceState(ctx, m, "ds", time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+	if err := qemustate.SaveDeviceState(ctx, m, "ds", time.Hour, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("SaveDeviceState: got %v, want context.DeadlineExceeded", err)
 	}
 }
@@ -78,40 +91,7 @@ func TestLoadDeviceState(t *testing.T) {
 		qmptest.Expect("query-migrate").Return(map[string]any{"status": "active"}),
 		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
 	)
-	if err := qmp.LoadDeviceState(t.Context(), m, "ds", path, time.Millisecond); err != nil {
+	if err := qemustate.LoadDeviceState(t.Context(), m, "ds", path, time.Millisecond, nil); err != nil {
 		t.Fatalf("LoadDeviceState: %v", err)
-	}
-}
-
-// replyExecutor is an Executor that is no Monitor (as libvirt's passthrough): it answers every
-// command with the next canned reply, through EncodeCommand and DecodeReply.
-type replyExecutor struct{ replies []string }
-
-func (r *replyExecutor) Execute(ctx context.Context, cmd string, args, result any) error {
-	if _, err := qmp.EncodeCommand(cmd, args); err != nil {
-		return err
-	}
-	reply := r.replies[0]
-	r.replies = r.replies[1:]
-	return qmp.DecodeReply(cmd, []byte(reply), result)
-}
-
-func (r *replyExecutor) ExecuteWithFile(ctx context.Context, cmd string, args any, _ *os.File, result any) error {
-	return r.Execute(ctx, cmd, args, result)
-}
-
-func TestWaitMigrationOtherExecutor(t *testing.T) {
-	ex := &replyExecutor{replies: []string{
-		`{"return": {"status": "active"}}`,
-		`{"return": {"status": "failed", "error-desc": "Unable to write to file"}}`,
-	}}
-	info, err := qmp.WaitMigration(t.Context(), ex, time.Millisecond)
-	if !errors.Is(err, qmp.ErrMigrationFailed) || info.ErrorDesc != "Unable to write to file" {
-		t.Fatalf("WaitMigration: got %+v, %v; want failed with its error-desc", info, err)
-	}
-	ex = &replyExecutor{replies: []string{`{"error": {"class": "GenericError", "desc": "no vmgenid"}}`}}
-	var qerr *qmp.Error
-	if _, err := qmp.QueryVMGenerationID(t.Context(), ex); !errors.As(err, &qerr) || qerr.Desc != "no vmgenid" {
-		t.Fatalf("QueryVMGenerationID: got %v, want a *qmp.Error", err)
 	}
 }
