@@ -44,7 +44,7 @@
 // migration waits) are package qemustate's; the plain commands they need, such as getfd
 // (GetFD), are here.
 //
-// # Why not go-qemu's SocketMonitor
+// # go-qemu: its types, not its SocketMonitor
 //
 // go-qemu's qmp.SocketMonitor (github.com/digitalocean/go-qemu @ ee9b066) is not used as the
 // transport, for the reasons the project's QEMU reference gives (qemu-fork-mechanics.md §13):
@@ -57,8 +57,10 @@
 //     caller, and Connect can hang too (go-qemu issue #214).
 //   - Run returns the scanner's own buffer, uncopied, which the reader's next Scan may overwrite.
 //
-// This package keeps go-qemu's types and interface instead: Monitor.GoQEMU returns an adapter that
-// satisfies go-qemu's qmp.Monitor, so go-qemu's qemu.Domain and qmp/raw run over this client.
+// go-qemu serves as the wire vocabulary instead: every command this package encodes (Monitor's,
+// EncodeCommand's for libvirt's passthrough, the Agent's) is go-qemu's qmp.Command, with an id
+// added on a Monitor, and Greeting.Version is go-qemu's qmp.Version. Its generated qmp/raw is not
+// used either: it follows the QEMU 2.11 schema, which lacks x-ignore-shared among others.
 //
 // # The guest agent
 //

@@ -57,7 +57,7 @@ type message struct {
 	Return    json.RawMessage `json:"return"`
 	Error     *errorBody      `json:"error"`
 
-	raw json.RawMessage // the whole object, for go-qemu's Run
+	raw json.RawMessage // the whole object, for the debug log of a dropped reply
 }
 
 // request is a command on the wire. It reuses go-qemu's Command and adds the id QEMU echoes.
