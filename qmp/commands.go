@@ -2,7 +2,6 @@ package qmp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 )
@@ -11,17 +10,16 @@ import (
 // the QEMU 2.11 schema, so the typed helpers below are written by hand. The migration commands
 // are in package qemustate, with the sequences that send them.
 const (
-	CmdQMPCapabilities      = "qmp_capabilities"
-	CmdStop                 = "stop"
-	CmdCont                 = "cont"
-	CmdQueryStatus          = "query-status"
-	CmdGetFD                = "getfd"
-	CmdCloseFD              = "closefd"
-	CmdBlockdevSnapshotSync = "blockdev-snapshot-sync"
-	CmdSetLink              = "set_link"
-	CmdSystemPowerdown      = "system_powerdown"
-	CmdQuit                 = "quit"
-	CmdQueryVMGenerationID  = "query-vm-generation-id"
+	CmdQMPCapabilities     = "qmp_capabilities"
+	CmdStop                = "stop"
+	CmdCont                = "cont"
+	CmdQueryStatus         = "query-status"
+	CmdGetFD               = "getfd"
+	CmdCloseFD             = "closefd"
+	CmdSetLink             = "set_link"
+	CmdSystemPowerdown     = "system_powerdown"
+	CmdQuit                = "quit"
+	CmdQueryVMGenerationID = "query-vm-generation-id"
 )
 
 // Run states reported by query-status (qapi/run-state.json, RunState) that vmfork acts on.
@@ -70,21 +68,6 @@ func CloseFD(ctx context.Context, ex Executor, name string) error {
 	return ex.Execute(ctx, CmdCloseFD, map[string]string{"fdname": name}, nil)
 }
 
-// BlockdevSnapshot describes a blockdev-snapshot-sync: QEMU creates File as a new image whose
-// backing file is Node's current image, and Node's users continue on the new image.
-type BlockdevSnapshot struct {
-	Node         string `json:"node-name"`          // the format node to snapshot, such as "fmt0"
-	File         string `json:"snapshot-file"`      // the overlay QEMU creates
-	SnapshotNode string `json:"snapshot-node-name"` // node name of the overlay
-	Format       string `json:"format,omitempty"`   // "qcow2" when empty
-}
-
-// BlockdevSnapshotSync switches a disk to a new overlay. It takes a request struct rather than four
-// positional strings, which are too easy to swap.
-func (m *Monitor) BlockdevSnapshotSync(ctx context.Context, s BlockdevSnapshot) error {
-	return m.Execute(ctx, CmdBlockdevSnapshotSync, s, nil)
-}
-
 // SetLink sets the link state of the NIC or netdev called name, so a child's guest sees a carrier
 // change and renews its address.
 func (m *Monitor) SetLink(ctx context.Context, name string, up bool) error {
@@ -93,30 +76,6 @@ func (m *Monitor) SetLink(ctx context.Context, name string, up bool) error {
 		Up   bool   `json:"up"`
 	}{name, up}
 	return m.Execute(ctx, CmdSetLink, args, nil)
-}
-
-// SystemPowerdown presses the ACPI power button. The guest may ignore it; callers wait for
-// SHUTDOWN or Done() with a bound and then Quit.
-func (m *Monitor) SystemPowerdown(ctx context.Context) error {
-	return m.Execute(ctx, CmdSystemPowerdown, nil, nil)
-}
-
-// Quit makes QEMU exit at once. QEMU may close the socket before its reply reaches us; that
-// counts as success, since QEMU exiting was the point.
-func (m *Monitor) Quit(ctx context.Context) error {
-	if err := m.Err(); err != nil {
-		return fmt.Errorf("qmp: %s: %w", CmdQuit, err)
-	}
-	err := m.Execute(ctx, CmdQuit, nil, nil)
-	if errors.Is(err, ErrClosed) {
-		return nil
-	}
-	return err
-}
-
-// QueryVMGenerationID is the package's QueryVMGenerationID on this connection.
-func (m *Monitor) QueryVMGenerationID(ctx context.Context) (string, error) {
-	return QueryVMGenerationID(ctx, m)
 }
 
 // QueryVMGenerationID returns the vmgenid device's GUID. Each child gets its own from guid=auto
