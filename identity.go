@@ -67,7 +67,7 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opt
 	var early []customize.KeyType
 	if wantKeys {
 		if early, _ = customize.HostKeyTypes(ctx, agent); len(early) > 0 {
-			hostKeys.Prefetch(early, 1)
+			mg.hostKeys.Prefetch(early, 1)
 		}
 	}
 	env := &customize.Env{Agent: agent, Child: customize.Child{Name: src.Name}}
@@ -92,7 +92,7 @@ func (mg *Manager) preFork(ctx context.Context, src *Machine, tpl *Template, opt
 	if types := keyTypes(tpl); len(types) > 0 && wantKeys {
 		if !slices.Equal(early, types) {
 			// The hooks changed the keys.
-			hostKeys.Prefetch(types, 1)
+			mg.hostKeys.Prefetch(types, 1)
 		}
 		tpl.keysStarted = 1
 	}
@@ -124,11 +124,6 @@ func macsOf(m *Machine) []string {
 	return macs
 }
 
-// hostKeys makes the SSH host keys of this process's fork children. Their
-// types are in the template's facts, so each child's keys are started
-// before its QEMU (preFork starts the first's earlier still).
-var hostKeys customize.KeyMaker
-
 // prepareIdentity sets what a child's identity needs before its QEMU starts:
 // its vmgenid GUID (a new one, or the template's for a reproducible
 // identity) and the MAC the guest is to take. The MAC in QEMU's NIC
@@ -148,7 +143,7 @@ func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts Id
 	seed := fmt.Sprintf("%s\x00%s\x00%s", tpl.ID, tpl.Created.Format(time.RFC3339Nano), tpl.VMGenID)
 	c.GuestMAC = customize.ChildMAC([]byte(seed), index, mg.inheritedMACs(c, tpl)...)
 	if types := keyTypes(tpl); len(types) > 0 && index > tpl.keysStarted && wantsKeys(opts) {
-		hostKeys.Prefetch(types, 1)
+		mg.hostKeys.Prefetch(types, 1)
 	}
 	return nil
 }
@@ -199,7 +194,7 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	defer agent.Close()
 	env := &customize.Env{
 		Agent:    agent,
-		HostKeys: &hostKeys,
+		HostKeys: &mg.hostKeys,
 		StepDone: traceOf(ctx).stepDone(c.Name),
 		Child: customize.Child{
 			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vmfork/vmfork/customize"
 	"github.com/vmfork/vmfork/qmp"
 )
 
@@ -18,6 +19,10 @@ type Manager struct {
 	// Reaper starts the process that enforces TTLs (ttl.go) when none runs;
 	// nil leaves expired machines to vmfork gc.
 	Reaper ReaperStarter
+	// hostKeys makes the SSH host keys of this Manager's fork children.
+	// Their types are in the template's facts, so each child's keys are
+	// started before its QEMU (preFork starts the first's earlier still).
+	hostKeys customize.KeyMaker
 }
 
 // NewManager returns a Manager. A nil log discards messages.

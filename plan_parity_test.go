@@ -81,7 +81,10 @@ func checkpointRow(name string, req CheckpointRequest) parityRow {
 	req.Identity = quietChain
 	return parityRow{name,
 		func(ctx context.Context, mg *Manager) (*Plan, error) { return mg.PlanCheckpoint(ctx, req) },
-		func(ctx context.Context, mg *Manager) ([]string, error) { _, err := mg.Checkpoint(ctx, req); return nil, err }}
+		func(ctx context.Context, mg *Manager) ([]string, error) {
+			_, err := mg.Checkpoint(ctx, req)
+			return nil, err
+		}}
 }
 
 func rewindRow(name string, req RewindRequest) parityRow {
@@ -159,19 +162,28 @@ func stopRow(name, machine string) parityRow {
 func poolRow(name, tpl string, size int) parityRow {
 	return parityRow{name,
 		func(ctx context.Context, mg *Manager) (*Plan, error) { return mg.PlanPool(ctx, tpl, size) },
-		func(ctx context.Context, mg *Manager) ([]string, error) { _, err := mg.SetPool(ctx, tpl, size); return nil, err }}
+		func(ctx context.Context, mg *Manager) ([]string, error) {
+			_, err := mg.SetPool(ctx, tpl, size)
+			return nil, err
+		}}
 }
 
 func unkeepRow(name, tpl string) parityRow {
 	return parityRow{name,
 		func(ctx context.Context, mg *Manager) (*Plan, error) { return mg.PlanUnkeep(ctx, tpl) },
-		func(ctx context.Context, mg *Manager) ([]string, error) { _, err := mg.Unkeep(ctx, tpl); return nil, err }}
+		func(ctx context.Context, mg *Manager) ([]string, error) {
+			_, err := mg.Unkeep(ctx, tpl)
+			return nil, err
+		}}
 }
 
 func exploreRow(name string, req ExploreRequest) parityRow {
 	return parityRow{name,
 		func(ctx context.Context, mg *Manager) (*Plan, error) { return mg.PlanExplore(ctx, req) },
-		func(ctx context.Context, mg *Manager) ([]string, error) { _, err := mg.Explore(ctx, req); return nil, err }}
+		func(ctx context.Context, mg *Manager) ([]string, error) {
+			_, err := mg.Explore(ctx, req)
+			return nil, err
+		}}
 }
 
 type testKey struct{}
