@@ -90,7 +90,14 @@ func TestDryRunMatchesRealRun(t *testing.T) {
 		{[]string{"template", "save"}, []string{"--pool", "1", "web", "golden"}}, // web is stopped: disk only, no pool
 		{[]string{"template", "save"}, []string{"--pool", "1000", "web", "golden"}},
 		{[]string{"template", "rm"}, []string{"golden"}},
+		{[]string{"template", "pool"}, []string{"golden", "1"}},
 		{[]string{"rm"}, []string{"nope"}},
+		{[]string{"stop"}, []string{"nope"}},
+		{[]string{"checkpoint"}, []string{"web"}}, // web is stopped
+		{[]string{"rewind"}, []string{"--to", "nope", "web"}},
+		{[]string{"hibernate"}, []string{"web"}},
+		{[]string{"resume"}, []string{"web"}},
+		{[]string{"explore"}, []string{"--try", "true", "nope"}},
 	}
 	for _, c := range bad {
 		before := tree(t, state)
@@ -108,6 +115,7 @@ func TestDryRunMatchesRealRun(t *testing.T) {
 		{[]string{"boot"}, []string{"--kernel", kernel, "db"}},
 		{[]string{"fork"}, []string{"--count", "2", "--hostname", "node-{n}", "web"}},
 		{[]string{"rm"}, []string{"web"}},
+		{[]string{"template", "save"}, []string{"web", "golden"}},
 	} {
 		args := c.cmd
 		out, code := runCLI(t, c.args(g, "--dry-run", "--json")...)
@@ -115,7 +123,7 @@ func TestDryRunMatchesRealRun(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &p); err != nil || code != 0 {
 			t.Fatalf("%v --dry-run --json: exit %d, %v: %q", args, code, err, out)
 		}
-		if !p.DryRun || !p.Changed || len(p.Actions) == 0 || p.Command != args[0] {
+		if !p.DryRun || !p.Changed || len(p.Actions) == 0 || p.Command != strings.Join(args, " ") {
 			t.Errorf("%v: plan %+v, want a dry run of %s that would change something", args, p, args[0])
 		}
 		if args[0] == "fork" {
