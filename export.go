@@ -2,12 +2,10 @@ package vmfork
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,9 +13,9 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
-	"golang.org/x/sys/unix"
 
 	"github.com/vmfork/vmfork/overlay"
+	"github.com/vmfork/vmfork/sharedmem"
 )
 
 // An exported template is one file: a zstd-compressed tar stream whose
@@ -25,7 +23,7 @@ import (
 // spec, lineage), what the exporting host adds to it (HostFacts) and, for
 // every file that follows, its size, the extents stored and the sha256 of
 // its whole content. Files are stored sparse: holes (SEEK_HOLE) and
-// all-zero pages are left out, and come back as holes on import, so a
+// all-zero pages (sharedmem/extents.go) are left out, and come back as holes on import, so a
 // guest's untouched RAM costs nothing on either side. The disk is the
 // template's whole chain flattened into one standalone qcow2, so the
 // archive needs nothing of the exporting host.
@@ -53,9 +51,6 @@ const (
 	archKernel   = "kernel"
 	archInitrd   = "initrd"
 )
-
-// archivePage is the granularity of the zero scan: a guest page.
-const archivePage = 4096
 
 type archiveHeader struct {
 	Format   int           `json:"format"`
@@ -263,26 +258,18 @@ func openFiles(ctx context.Context, t *Template, tmpDir string) (files []archive
 	return files, nil
 }
 
-// scanFile finds af's data (SEEK_DATA/SEEK_HOLE, then all-zero pages
-// dropped) and hashes its whole content, holes read as zeros.
+// scanFile finds af's data: its data extents (sharedmem.ReadData) less the
+// pages in them that are all zeros (sharedmem.NonZeroPages). It hashes the
+// whole content, holes read as zeros.
 func scanFile(ctx context.Context, af *archiveFile) error {
-	f, path := af.file, af.file.Name()
+	f := af.file
 	st, err := f.Stat()
 	if err != nil {
 		return err
 	}
 	af.Size, af.Extents = st.Size(), [][2]int64{}
 	h := sha256.New()
-	zero := make([]byte, 1<<20)
-	buf := make([]byte, 1<<20)
 	var hashed int64 // content hashed so far
-	hashZeros := func(to int64) {
-		for hashed < to {
-			n := min(int64(len(zero)), to-hashed)
-			h.Write(zero[:n])
-			hashed += n
-		}
-	}
 	addExtent := func(off, n int64) {
 		if k := len(af.Extents); k > 0 && af.Extents[k-1][0]+af.Extents[k-1][1] == off {
 			af.Extents[k-1][1] += n
@@ -290,40 +277,19 @@ func scanFile(ctx context.Context, af *archiveFile) error {
 		}
 		af.Extents = append(af.Extents, [2]int64{off, n})
 	}
-	for off := int64(0); off < af.Size; {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			return fmt.Errorf("scan %s: %w", path, err)
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("scan %s: %w", path, err)
-		}
-		hashZeros(data)
-		for p := data; p < hole; {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-p)], p)
-			if n == 0 && err != nil {
-				return fmt.Errorf("read %s: %w", path, err)
-			}
-			h.Write(buf[:n])
-			for i := 0; i < n; i += archivePage {
-				pg := buf[i:min(i+archivePage, n)]
-				if !bytes.Equal(pg, zero[:len(pg)]) {
-					addExtent(p+int64(i), int64(len(pg)))
-				}
-			}
-			p += int64(n)
-			hashed = p
-		}
-		off = hole
+	err = sharedmem.ReadData(ctx, f, af.Size, func(off int64, p []byte) error {
+		hashZerosTo(h, &hashed, off)
+		h.Write(p)
+		hashed = off + int64(len(p))
+		return sharedmem.NonZeroPages(p, func(i int, pg []byte) error {
+			addExtent(off+int64(i), int64(len(pg)))
+			return nil
+		})
+	})
+	if err != nil {
+		return err
 	}
-	hashZeros(af.Size)
+	hashZerosTo(h, &hashed, af.Size)
 	af.SHA256 = hex.EncodeToString(h.Sum(nil))
 	return nil
 }

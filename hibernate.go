@@ -1,7 +1,6 @@
 package vmfork
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -326,15 +325,12 @@ func (s *Store) dropThawed(t *Template) error {
 	return nil
 }
 
-// sparsePage is the granularity of copySparse's zero scan: a guest page.
-const sparsePage = 4096
-
 // copySparse copies file src to a new read-only file dst of the same
-// length, writing only the pages of src's data extents that are not all
-// zeros: the rest stays holes. A guest's RAM is mostly untouched or freed
-// pages, so dst holds little more than the memory the guest uses. With
-// sync, dst is on stable storage when it returns. It returns the bytes
-// written.
+// length, writing only the pages of src's data that are not all zeros
+// (sharedmem.ReadData, sharedmem.NonZeroPages): the rest stays holes. A
+// guest's RAM is mostly untouched or freed pages, so dst holds little more
+// than the memory the guest uses. With sync, dst is on stable storage when
+// it returns. It returns the bytes written.
 func copySparse(ctx context.Context, src, dst string, sync bool) (stored int64, err error) {
 	in, err := os.Open(src)
 	if err != nil {
@@ -360,30 +356,14 @@ func copySparse(ctx context.Context, src, dst string, sync bool) (stored int64, 
 	if err := out.Truncate(fi.Size()); err != nil {
 		return 0, err
 	}
-	buf := make([]byte, 1<<20)
-	zero := make([]byte, sparsePage)
-	err = dataExtents(in, fi.Size(), func(off, end int64) error {
-		for p := off; p < end; {
-			if err := ctx.Err(); err != nil {
-				return err
+	err = sharedmem.ReadData(ctx, in, fi.Size(), func(off int64, p []byte) error {
+		return sharedmem.NonZeroPages(p, func(i int, pg []byte) error {
+			if _, err := out.WriteAt(pg, off+int64(i)); err != nil {
+				return fmt.Errorf("write %s: %w", dst, err)
 			}
-			n, err := in.ReadAt(buf[:min(int64(len(buf)), end-p)], p)
-			if n == 0 && err != nil {
-				return fmt.Errorf("read %s: %w", src, err)
-			}
-			for i := 0; i < n; i += sparsePage {
-				pg := buf[i:min(i+sparsePage, n)]
-				if bytes.Equal(pg, zero[:len(pg)]) {
-					continue
-				}
-				if _, err := out.WriteAt(pg, p+int64(i)); err != nil {
-					return fmt.Errorf("write %s: %w", dst, err)
-				}
-				stored += int64(len(pg))
-			}
-			p += int64(n)
-		}
-		return nil
+			stored += int64(len(pg))
+			return nil
+		})
 	})
 	if err != nil {
 		return stored, err
@@ -394,29 +374,6 @@ func copySparse(ctx context.Context, src, dst string, sync bool) (stored int64, 
 		}
 	}
 	return stored, nil
-}
-
-// dataExtents calls fn for each data extent [off, end) of f, found with
-// SEEK_DATA and SEEK_HOLE, up to size.
-func dataExtents(f *os.File, size int64, fn func(off, end int64) error) error {
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // no data after off
-		}
-		if err != nil {
-			return fmt.Errorf("seek data: %w", err)
-		}
-		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
-		}
-		if err := fn(data, min(hole, size)); err != nil {
-			return err
-		}
-		off = hole
-	}
-	return nil
 }
 
 // hibernationEntry locks and loads what hibernate or resume entry e names,

@@ -15,6 +15,11 @@
 // Freeze, a copy of the whole file in the pause, remains for QEMUs that
 // cannot be remapped.
 //
+// Every copy of a RAM file, here and in the root package (a hibernation's
+// copy on disk, an exported archive), finds its data the same way
+// (extents.go): the data extents that SEEK_DATA and SEEK_HOLE report. The
+// copies that leave zero pages out as holes find them there too.
+//
 // A frozen template file is never written again: not by vmfork, and not by
 // the children, which map it privately, so that their writes go to private
 // copy-on-write pages. On Linux, changes to a file show through a

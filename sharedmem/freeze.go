@@ -70,25 +70,13 @@ func Freeze(ctx context.Context, src, dst string) (st FreezeStats, err error) {
 	return st, nil
 }
 
-// copyExtents copies the data extents of in (found with SEEK_DATA and
-// SEEK_HOLE) to the same offsets in out, leaving holes as holes.
-func copyExtents(ctx context.Context, in, out *os.File, size int64) (int64, error) {
-	var copied int64
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // no data after off
-		}
-		if err != nil {
-			return copied, fmt.Errorf("seek data: %w", err)
-		}
-		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
-		if err != nil {
-			return copied, fmt.Errorf("seek hole: %w", err)
-		}
+// copyExtents copies the data extents of in (DataExtents) to the same
+// offsets in out, leaving holes as holes.
+func copyExtents(ctx context.Context, in, out *os.File, size int64) (copied int64, err error) {
+	err = DataExtents(ctx, in, size, func(data, hole int64) error {
 		for pos := data; pos < hole; {
 			if err := ctx.Err(); err != nil {
-				return copied, err
+				return err
 			}
 			n := min(hole-pos, chunk)
 			roff, woff := pos, pos
@@ -100,17 +88,17 @@ func copyExtents(ctx context.Context, in, out *os.File, size int64) (int64, erro
 				w, err = copyRange(in, out, pos, n)
 			}
 			if err != nil {
-				return copied, fmt.Errorf("copy_file_range: %w", err)
+				return fmt.Errorf("copy_file_range: %w", err)
 			}
 			if w == 0 {
-				return copied, io.ErrUnexpectedEOF
+				return io.ErrUnexpectedEOF
 			}
 			pos += int64(w)
 			copied += int64(w)
 		}
-		off = hole
-	}
-	return copied, nil
+		return nil
+	})
+	return copied, err
 }
 
 // CreateEmpty makes a template RAM file of size bytes that holds only holes
