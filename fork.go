@@ -574,14 +574,4 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 	return childOutcome{ChildResult: result}
 }
 
-// waitAgent waits until m's guest agent answers a ping.
-func (mg *Manager) waitAgent(ctx context.Context, m *Machine) error {
-	a, err := mg.Driver.Agent(ctx, m)
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	return a.Ping(ctx)
-}
-
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

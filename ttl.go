@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -148,20 +147,6 @@ func (s *Store) tryReaperLock(driver string) (unlock func(), ok bool, err error)
 		return nil, false, fmt.Errorf("reaper lock: %w", err)
 	}
 	return func() { f.Close() }, true, nil
-}
-
-// ReaperPID returns the PID of the reaper running for driver, or 0.
-func (s *Store) ReaperPID(driver string) int {
-	data, err := os.ReadFile(reaperPIDPath(s, driver))
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	if unlock, ok, _ := s.tryReaperLock(driver); ok {
-		unlock() // a stale file: nobody holds the lock
-		return 0
-	}
-	return pid
 }
 
 // ReapResult is one round of reaping. Its JSON form is vmfork gc's.
@@ -342,14 +327,6 @@ func TTLLeft(exp, now time.Time) time.Duration {
 		return 0
 	}
 	return exp.Sub(now).Round(time.Second)
-}
-
-// removeIfExists removes path, ignoring a missing one.
-func removeIfExists(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
 }
 
 // joinLine joins errors like errors.Join, on one line: vmfork's errors are
