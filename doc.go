@@ -19,8 +19,23 @@
 // that booted it returns, and later commands find it through its record, its
 // PID and its QMP and guest-agent sockets.
 //
-// The Manager holds the verbs (Boot, List, Exec, Stop, Remove, Fork). It keeps
-// the state store consistent and leaves the hypervisor work to a Driver:
-// qemudrv, the embedded default, or libvirtdrv. Drivers are wired in
-// explicitly by cmd/vmfork; this package never imports one.
+// The Manager holds the verbs, which cmd/vmfork's commands call:
+//
+//   - machines: Boot, List and Get, Exec, Stop, Remove, SetTTL (extend);
+//   - forks: Fork, Explore (one branch per try, the winner kept), Tree;
+//   - instants kept as templates: Keep and Unkeep (template save and rm),
+//     Templates, SetPool, Export and Import; Checkpoint, Checkpoints and
+//     Rewind; Hibernate and Resume;
+//   - upkeep: Recover (finishes or undoes what a killed command left, from
+//     the journal), GC and Reap (remove what is due), RunReaper and
+//     EnsureReaper (the process that removes machines and kept templates
+//     when their TTL ends).
+//
+// Each verb that changes something is planned, then applied: its plan
+// resolves and checks the request once, the apply takes that plan, and
+// PlanX (PlanFork, PlanHibernate, ...) renders the same plan for --dry-run
+// (plan.go). The Manager keeps the state store consistent and leaves the
+// hypervisor work to a Driver: qemudrv, the embedded default, or
+// libvirtdrv. Drivers are wired in explicitly by cmd/vmfork; this package
+// never imports one.
 package vmfork
