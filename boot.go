@@ -3,19 +3,30 @@ package vmfork
 import (
 	"context"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"time"
 )
 
+// BootRequest asks for a new machine Name made of Spec.
+type BootRequest struct {
+	Name string
+	Spec Spec
+	// Contract is the machine's (contracts.go), which its children
+	// inherit; nil for none.
+	Contract *contract.Contract
+}
+
 // bootPlan is a boot checked once.
 type bootPlan struct {
-	name   string
-	spec   Spec
+	req    BootRequest
 	driver string
 }
 
-// planBoot checks a boot of machine name from spec, taking name's lock in
-// l. Bad input (name, spec, files, a name already taken) stops here.
-func (mg *Manager) planBoot(ctx context.Context, name string, spec Spec, l *lockSet) (*bootPlan, error) {
+// planBoot checks a boot, taking the name's lock in l. Bad input (name,
+// spec, files, a name already taken, a contract the driver cannot
+// enforce) stops here.
+func (mg *Manager) planBoot(ctx context.Context, req BootRequest, l *lockSet) (*bootPlan, error) {
+	name, spec := req.Name, req.Spec
 	if err := ValidateName(name); err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
 	}
@@ -28,18 +39,21 @@ func (mg *Manager) planBoot(ctx context.Context, name string, spec Spec, l *lock
 	if err := mg.Store.nameFree(name); err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
 	}
-	return &bootPlan{name: name, spec: spec, driver: mg.Driver.Name()}, nil
+	if err := mg.checkContract(ctx, "boot", name, &Machine{Name: name, Spec: spec}, req.Contract); err != nil {
+		return nil, err
+	}
+	return &bootPlan{req: req, driver: mg.Driver.Name()}, nil
 }
 
 // Boot creates machine name from spec and starts it. It returns once the
 // guest agent answers. Bad input is rejected before anything is created
 // (planBoot); if QEMU fails, the machine's record and files are removed
 // again.
-func (mg *Manager) Boot(ctx context.Context, name string, spec Spec) (m *Machine, err error) {
+func (mg *Manager) Boot(ctx context.Context, req BootRequest) (m *Machine, err error) {
 	mg.recoverFirst(ctx)
 	l := mg.locks()
 	defer l.release()
-	p, err := mg.planBoot(ctx, name, spec, l)
+	p, err := mg.planBoot(ctx, req, l)
 	if err != nil {
 		return nil, err
 	}
@@ -47,26 +61,31 @@ func (mg *Manager) Boot(ctx context.Context, name string, spec Spec) (m *Machine
 }
 
 // PlanBoot checks a boot as Boot does and says what it would do.
-func (mg *Manager) PlanBoot(ctx context.Context, name string, spec Spec) (*Plan, error) {
-	return dryRun(mg.planBoot(ctx, name, spec, noLocks()))
+func (mg *Manager) PlanBoot(ctx context.Context, req BootRequest) (*Plan, error) {
+	return dryRun(mg.planBoot(ctx, req, noLocks()))
 }
 
 func (p *bootPlan) render() *Plan {
-	out := &Plan{Command: "boot", Changed: true, Machines: []string{p.name}}
-	out.add("create machine %q (%d MiB, %d CPUs) with driver %q and start it", p.name, p.spec.MemoryMiB, p.spec.CPUs, p.driver)
+	r := p.req
+	out := &Plan{Command: "boot", Changed: true, Machines: []string{r.Name}, Contract: r.Contract}
+	out.add("create machine %q (%d MiB, %d CPUs) with driver %q and start it", r.Name, r.Spec.MemoryMiB, r.Spec.CPUs, p.driver)
+	if r.Contract.Enforced() {
+		out.add("%s", describeContract(r.Contract))
+	}
 	return out
 }
 
 // applyBoot carries out plan p; the caller holds its lock.
 func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error) {
-	name := p.name
+	name := p.req.Name
 	m := &Machine{
-		Name:    name,
-		Driver:  mg.Driver.Name(),
-		State:   StateCreating,
-		Spec:    p.spec,
-		Paths:   mg.Store.MachinePaths(name),
-		Created: time.Now().UTC(),
+		Name:     name,
+		Driver:   mg.Driver.Name(),
+		State:    StateCreating,
+		Spec:     p.req.Spec,
+		Paths:    mg.Store.MachinePaths(name),
+		Created:  time.Now().UTC(),
+		Contract: p.req.Contract.Clone(),
 	}
 	done, err := mg.Store.journal(journalEntry{Op: opBoot, Machines: []string{name}})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"os"
 	"slices"
 
@@ -32,6 +33,9 @@ type CheckpointRequest struct {
 	Machine  string
 	As       string
 	Identity IdentityOptions
+	// Contract is the one the checkpoint's children get; nil: the
+	// machine's (a rewind keeps the machine's own either way).
+	Contract *contract.Contract
 }
 
 // planCheckpoint checks a checkpoint of req.Machine: a template save of a
@@ -47,7 +51,7 @@ func (mg *Manager) planCheckpoint(ctx context.Context, req CheckpointRequest, l 
 			return nil, fmt.Errorf("checkpoint %q: %w", req.Machine, err)
 		}
 	}
-	p, err := mg.planKeep(ctx, "checkpoint", KeepRequest{Source: req.Machine, Name: name, Identity: req.Identity}, l)
+	p, err := mg.planKeep(ctx, "checkpoint", KeepRequest{Source: req.Machine, Name: name, Identity: req.Identity, Contract: req.Contract}, l)
 	if err != nil {
 		return nil, err
 	}

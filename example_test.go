@@ -28,7 +28,7 @@ func exampleManager() (mg *Manager, cleanup func()) {
 	if err := os.WriteFile(kernel, []byte("fake kernel"), 0o600); err != nil {
 		panic(err)
 	}
-	if _, err := mg.Boot(context.Background(), "agent", Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}); err != nil {
+	if _, err := mg.Boot(context.Background(), BootRequest{Name: "agent", Spec: Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}}); err != nil {
 		panic(err)
 	}
 	return mg, func() { os.RemoveAll(dir) }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -60,6 +61,8 @@ type ExploreRequest struct {
 	TailBytes int    // stdout and stderr tails kept per try; default DefaultTailBytes
 	Prefix    string // branches are PREFIX-1, PREFIX-2, ...; default SOURCE-try
 	Identity  IdentityOptions
+	// Contract is every branch's (contracts.go); nil: the source's.
+	Contract *contract.Contract
 }
 
 // TryResult is one try. Its JSON form is kept small: an agent reads it.
@@ -329,7 +332,7 @@ func (mg *Manager) planExplore(ctx context.Context, req ExploreRequest) (*explor
 		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
 	}
 	fp, err := mg.planFork(ctx, ForkRequest{Source: req.Source, Names: names, Parallel: req.Parallel,
-		MaxChildren: req.MaxChildren, Identity: req.Identity, TTL: req.TTL}, noLocks())
+		MaxChildren: req.MaxChildren, Identity: req.Identity, TTL: req.TTL, Contract: req.Contract}, noLocks())
 	if err != nil {
 		return nil, fmt.Errorf("explore: %w", err)
 	}
@@ -431,6 +434,7 @@ func (mg *Manager) markKept(res *ExploreResult, keep map[string]bool) {
 // new machine continues from the winner's instant with all its changes,
 // and the branch goes with the losers.
 func (mg *Manager) keepAs(ctx context.Context, winner string, req ExploreRequest) error {
+	// The winner's contract goes on with it (the fork inherits it).
 	_, err := mg.Fork(ctx, ForkRequest{Source: winner, Names: []string{req.KeepAs}, Identity: req.Identity, TTL: req.TTL})
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"os"
 	"strings"
 	"sync"
@@ -50,6 +51,9 @@ type ForkRequest struct {
 	// they forbid it, and plugs them back into the source after; children
 	// are made without them.
 	DetachDevices bool
+	// Contract is the children's contract (contracts.go); nil: they inherit
+	// their source's, or their kept template's.
+	Contract *contract.Contract
 }
 
 // ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
@@ -122,7 +126,7 @@ func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult,
 			}
 		}()
 	}
-	f, err := mg.prepareFork(src, p.names())
+	f, err := mg.prepareFork(src, p.names(), p.contract)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
@@ -173,13 +177,14 @@ type forkInProgress struct {
 // prepareFork creates the template's directory, the journal entry and the
 // children's records, in that order, and saves the template's record last:
 // from then on the reserved children protect it from collectTemplates.
-func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, error) {
+func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contract) (*forkInProgress, error) {
 	tpl, err := mg.Store.NewTemplate(src.Name)
 	if err != nil {
 		return nil, err
 	}
 	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
 	tpl.SourceParent, tpl.SourceTemplate, tpl.SourceGuestMAC = src.Parent, src.Template, src.GuestMAC
+	tpl.Contract = src.Contract.Clone()
 	if src.Spec.Disk == "" {
 		tpl.Paths.Disk = "" // a diskless source freezes no disk
 	}
@@ -190,7 +195,7 @@ func (mg *Manager) prepareFork(src *Machine, names []string) (*forkInProgress, e
 		mg.Store.RemoveTemplate(tpl.ID)
 		return nil, err
 	}
-	if f.children, err = mg.reserve(src, tpl, names); err == nil {
+	if f.children, err = mg.reserve(src, tpl, names, c); err == nil {
 		err = mg.Store.WriteTemplate(tpl)
 	}
 	if err != nil {
@@ -280,14 +285,14 @@ func (mg *Manager) childNames(req ForkRequest) ([]string, error) {
 }
 
 // reserve creates the children's records (state creating), so that no other
-// command takes their names while the fork runs.
-func (mg *Manager) reserve(src *Machine, tpl *Template, names []string) ([]*Machine, error) {
+// command takes their names while the fork runs. Each gets contract ct.
+func (mg *Manager) reserve(src *Machine, tpl *Template, names []string, ct *contract.Contract) ([]*Machine, error) {
 	var children []*Machine
 	for _, n := range names {
 		c := &Machine{
 			Name: n, Driver: src.Driver, State: StateCreating, Accel: src.Accel,
 			Spec: src.Spec, Paths: mg.Store.MachinePaths(n), Parent: src.Name, Template: tpl.ID,
-			Created: time.Now().UTC(),
+			Created: time.Now().UTC(), Contract: ct.Clone(),
 		}
 		// Host ports are backends: each child gets free ones of its own.
 		c.Spec.Ports = make([]PortForward, len(src.Spec.Ports))

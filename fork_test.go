@@ -118,7 +118,7 @@ func bootFake(t *testing.T, mg *Manager, name string) {
 	if err := os.WriteFile(kernel, []byte("k"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mg.Boot(t.Context(), name, Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}); err != nil {
+	if _, err := mg.Boot(t.Context(), BootRequest{Name: name, Spec: Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}}); err != nil {
 		t.Fatal(err)
 	}
 }

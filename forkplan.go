@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"slices"
 
 	"github.com/vmfork/vmfork/customize"
@@ -49,6 +50,8 @@ type forkPlan struct {
 	tpl *Template
 	// children are the children's names and hostnames, in order.
 	children []PlannedChild
+	// contract is the children's: the request's, or inherited.
+	contract *contract.Contract
 }
 
 // names returns the children's names.
@@ -116,7 +119,18 @@ func (mg *Manager) planFork(ctx context.Context, req ForkRequest, l *lockSet) (*
 	if m.State == StateRunning {
 		p.mode = forkLive
 	}
-	return p, mg.planChildren(p, m.Name)
+	if err := mg.planChildren(p, m.Name); err != nil {
+		return nil, err
+	}
+	return p, mg.planContract(ctx, p, m.Contract)
+}
+
+// planContract gives plan p's children their contract (the request's, or
+// from, their source's or template's) and refuses one the driver cannot
+// enforce on them.
+func (mg *Manager) planContract(ctx context.Context, p *forkPlan, from *contract.Contract) error {
+	p.contract = inheritedContract(p.req.Contract, from)
+	return mg.checkContract(ctx, "fork", p.req.Source, p.source, p.contract)
 }
 
 // checkForkSource validates source machine src of a fork.
@@ -160,7 +174,10 @@ func (mg *Manager) planKept(ctx context.Context, p *forkPlan, t *Template) error
 	}
 	p.mode, p.tpl = forkKept, t
 	p.source = &Machine{Name: t.Source, Driver: t.Driver, Accel: t.Accel, Spec: t.Spec}
-	return mg.planChildren(p, t.Source)
+	if err := mg.planChildren(p, t.Source); err != nil {
+		return err
+	}
+	return mg.planContract(ctx, p, t.Contract)
 }
 
 // planHibernatedFork completes plan p of a fork of hibernated machine m:
@@ -237,6 +254,10 @@ func (p *forkPlan) render() *Plan {
 	if p.req.TTL > 0 {
 		out.add("give every child a TTL of %v: the reaper removes it then", p.req.TTL)
 	}
+	if p.contract.Enforced() || p.req.Contract != nil {
+		out.add("%s", describeContract(p.contract))
+	}
+	out.Contract = p.contract
 	for _, c := range p.children {
 		out.add("start child %q (identity %s, hostname %q); its network link goes up once its identity is set", c.Name, p.req.Identity.Spec.Mode(), c.Hostname)
 	}

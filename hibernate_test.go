@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/vmfork/vmfork/contract"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,7 +17,10 @@ import (
 // hibDriver is the pool driver whose freeze writes the template's RAM file
 // the way the embedded driver's does: sparse, a few pages of data, one of
 // them all zeros.
-type hibDriver struct{ *poolDriver }
+type hibDriver struct {
+	*poolDriver
+	applied map[string]*contract.Contract // ApplyContract's, by machine (contracts_test.go)
+}
 
 func (d *hibDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts FreezeOptions) (FreezeResult, error) {
 	fr, err := d.poolDriver.Freeze(ctx, src, t, opts)
@@ -36,7 +40,7 @@ func (d *hibDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts 
 
 func newHibManager(t *testing.T) (*Manager, *hibDriver) {
 	mg, pd := newPoolManager(t)
-	d := &hibDriver{pd}
+	d := &hibDriver{poolDriver: pd}
 	mg.Driver = d
 	return mg, d
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -28,6 +30,9 @@ type KeepRequest struct {
 	Pool int
 	// Identity supplies the source's pre-fork hooks (run before the freeze).
 	Identity IdentityOptions
+	// Contract is the one the template's children get (contracts.go); nil:
+	// the source's.
+	Contract *contract.Contract
 }
 
 // TemplateStatus is a template as `vmfork template ls` shows it. Its JSON
@@ -104,6 +109,9 @@ func (mg *Manager) planKeep(ctx context.Context, verb string, req KeepRequest, l
 	if err != nil {
 		return nil, err
 	}
+	if err := mg.checkContract(ctx, verb, src.Name, src, req.Contract); err != nil {
+		return nil, err
+	}
 	return &keepPlan{command: "template save", req: req, forker: forker, src: src, live: live}, nil
 }
 
@@ -141,18 +149,26 @@ func (p *keepPlan) render() *Plan {
 	if req.Pool > 0 {
 		out.add("start %d warm-pool processes of template %q", req.Pool, req.Name)
 	}
+	out.Contract = p.src.Contract
+	if req.Contract != nil {
+		out.Contract = req.Contract
+		out.add("give the template's children this contract: %s", strings.TrimPrefix(describeContract(req.Contract), "enforce the contract: "))
+	}
 	return out
 }
 
 // applyKeep carries out plan p; the caller holds its locks.
 func (mg *Manager) applyKeep(ctx context.Context, p *keepPlan) (t *Template, err error) {
 	src, req := p.src, p.req
-	f, err := mg.prepareFork(src, nil)
+	f, err := mg.prepareFork(src, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
 	}
 	t = f.tpl
 	t.Name, t.PoolSize = req.Name, req.Pool
+	if req.Contract != nil {
+		t.Contract = req.Contract.Clone()
+	}
 	if err = mg.Store.WriteTemplate(t); err == nil {
 		Fault(FaultSaveReserved, src.PID)
 		if !p.live {
@@ -385,7 +401,7 @@ func (mg *Manager) forkPlanned(ctx context.Context, p *forkPlan) (*ForkResult, e
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)
 	}
-	children, err := mg.reserve(p.source, t, p.names())
+	children, err := mg.reserve(p.source, t, p.names(), p.contract)
 	if err != nil {
 		done()
 		return nil, fmt.Errorf("fork %q: %w", req.Source, err)

@@ -229,7 +229,7 @@ func TestKeepRefusesBadRequests(t *testing.T) {
 	}
 	kernel := filepath.Join(t.TempDir(), "vmlinuz")
 	os.WriteFile(kernel, []byte("k"), 0o600)
-	if _, err := mg.Boot(t.Context(), "golden", Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}); !errors.Is(err, ErrExists) {
+	if _, err := mg.Boot(t.Context(), BootRequest{Name: "golden", Spec: Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}}); !errors.Is(err, ErrExists) {
 		t.Errorf("boot a machine named like a kept template: %v, want ErrExists", err)
 	}
 }

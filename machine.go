@@ -3,6 +3,7 @@ package vmfork
 import (
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -258,6 +259,10 @@ type Machine struct {
 	// Adopted is set on a machine vmfork did not make but took charge of to
 	// fork it (adopt.go); nil for machines vmfork booted or forked.
 	Adopted *Adoption `json:"adopted,omitempty"`
+	// Contract is what the machine may reach and hold, enforced by the
+	// host (contracts.go); nil for none. Its children inherit it unless
+	// their fork names another.
+	Contract *contract.Contract `json:"contract,omitempty"`
 }
 
 // Adoption is what vmfork keeps of a machine it adopted, such as a libvirt

@@ -3,6 +3,7 @@ package vmfork
 import (
 	"context"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 )
 
 // Every verb that changes something runs in two halves, plan and apply
@@ -50,6 +51,8 @@ type Plan struct {
 	Children []PlannedChild `json:"children,omitempty"`
 	// Machines are the machines boot would create or rm remove.
 	Machines []string `json:"machines,omitempty"`
+	// Contract is the contract the machines made would have.
+	Contract *contract.Contract `json:"contract,omitempty"`
 }
 
 // PlannedChild is one child a fork would make.

@@ -2,6 +2,7 @@ package vmfork
 
 import (
 	"context"
+	"github.com/vmfork/vmfork/contract"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,11 +118,17 @@ func resumeRow(name, machine string) parityRow {
 }
 
 func bootRow(name, machine string, spec func(t *testing.T) Spec) parityRow {
+	return bootContractRow(name, machine, spec, nil)
+}
+
+func bootContractRow(name, machine string, spec func(t *testing.T) Spec, c *contract.Contract) parityRow {
 	var s Spec
 	return parityRow{name,
-		func(ctx context.Context, mg *Manager) (*Plan, error) { return mg.PlanBoot(ctx, machine, s) },
+		func(ctx context.Context, mg *Manager) (*Plan, error) {
+			return mg.PlanBoot(ctx, BootRequest{Name: machine, Spec: s, Contract: c})
+		},
 		func(ctx context.Context, mg *Manager) ([]string, error) {
-			_, err := mg.Boot(ctx, machine, s)
+			_, err := mg.Boot(ctx, BootRequest{Name: machine, Spec: s, Contract: c})
 			return []string{machine}, err
 		}}.withSpec(&s, spec)
 }
@@ -254,7 +261,19 @@ var badParity = []parityRow{
 	exploreRow("explore with no tries", ExploreRequest{Source: "web"}),
 	exploreRow("explore of nothing", ExploreRequest{Source: "nope", Tries: []string{"true"}}),
 	exploreRow("explore keep-as taken", ExploreRequest{Source: "web", Tries: []string{"true"}, KeepAs: "db"}),
+	forkRow("fork with a contract the driver cannot enforce", ForkRequest{Source: "web", Count: 1, Contract: dnsNone}),
+	forkRow("fork of a kept template with a contract the driver cannot enforce", ForkRequest{Source: "golden", Count: 1, Contract: dnsNone}),
+	keepRow("save with a contract the driver cannot enforce", KeepRequest{Source: "web", Name: "t2", Contract: dnsNone}),
+	checkpointRow("checkpoint with a contract the driver cannot enforce", CheckpointRequest{Machine: "web", Contract: dnsNone}),
+	bootContractRow("boot with a contract the driver cannot enforce", "new", kernelSpec, dnsNone),
+	exploreRow("explore with a contract the driver cannot enforce", ExploreRequest{Source: "web", Tries: []string{"true"}, Contract: dnsNone}),
 }
+
+// dnsNone is a contract the hibernating fake driver cannot enforce.
+var dnsNone = &contract.Contract{Network: &contract.Network{Egress: contract.Egress{Mode: contract.EgressAll}, DNS: contract.DNSNone, Connections: contract.ConnReset}}
+
+// egressNone is one it enforces.
+var egressNone = &contract.Contract{Network: &contract.Network{Egress: contract.Egress{Mode: contract.EgressNone}, DNS: contract.DNSHost, Connections: contract.ConnReset}}
 
 // goodParity is every good request the parity test runs both ways: the dry
 // run succeeds and changes nothing, the real run succeeds, and it made or
@@ -278,6 +297,9 @@ var goodParity = []parityRow{
 	stopRow("stop", "web"),
 	poolRow("pool", "golden", 2),
 	unkeepRow("template rm", "golden"),
+	forkRow("fork with a contract", ForkRequest{Source: "web", Count: 2, Contract: egressNone}),
+	keepRow("save with a contract", KeepRequest{Source: "web", Name: "t2", Contract: egressNone}),
+	bootContractRow("boot with a contract", "new", kernelSpec, egressNone),
 }
 
 // TestPlanParity runs every row of the bad-input and good-request tables

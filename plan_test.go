@@ -123,17 +123,17 @@ func TestPlanKeepBootRemoveUnkeep(t *testing.T) {
 	if err != nil || !p.SourcePauses || p.Template != "golden" {
 		t.Errorf("PlanKeep = %+v, %v; want a pausing save of golden", p, err)
 	}
-	if _, err := mg.PlanBoot(t.Context(), "web", Spec{Kernel: "/nope"}); err == nil {
+	if _, err := mg.PlanBoot(t.Context(), BootRequest{Name: "web", Spec: Spec{Kernel: "/nope"}}); err == nil {
 		t.Error("PlanBoot with a missing kernel succeeded, want an error")
 	}
 	kernel := filepath.Join(t.TempDir(), "vmlinuz")
 	if err := os.WriteFile(kernel, []byte("k"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mg.PlanBoot(t.Context(), "web", Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}); err == nil {
+	if _, err := mg.PlanBoot(t.Context(), BootRequest{Name: "web", Spec: Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}}); err == nil {
 		t.Error("PlanBoot of a taken name succeeded, want an error")
 	}
-	if p, err := mg.PlanBoot(t.Context(), "db", Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}); err != nil || p.Machines[0] != "db" {
+	if p, err := mg.PlanBoot(t.Context(), BootRequest{Name: "db", Spec: Spec{Kernel: kernel, MemoryMiB: 256, CPUs: 1}}); err != nil || p.Machines[0] != "db" {
 		t.Errorf("PlanBoot(db) = %+v, %v", p, err)
 	}
 	p, errs := mg.PlanRemove(t.Context(), []string{"web", "nope"}, false)

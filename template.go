@@ -3,6 +3,7 @@ package vmfork
 import (
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -30,6 +31,10 @@ type Template struct {
 	// their device configuration matches the saved device state.
 	Spec  Spec          `json:"spec"`
 	Paths TemplatePaths `json:"paths"`
+	// Contract is the contract its children get unless their fork names
+	// another: the source's at the freeze, or the one template save or
+	// checkpoint was given (contracts.go).
+	Contract *contract.Contract `json:"contract,omitempty"`
 	// HasMemory is true while the template holds RAM and device state. Once
 	// no child maps its RAM they are removed, and only the frozen disk stays,
 	// as long as it is a layer in some machine's disk chain.

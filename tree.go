@@ -3,6 +3,7 @@ package vmfork
 import (
 	"context"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"io"
 	"sort"
 	"strings"
@@ -45,9 +46,12 @@ type TreeNode struct {
 	// private dirty resident memory (what it wrote that no other process
 	// shares), a
 	// template's frozen RAM file. DiskBytes is its own top disk image.
-	RAMBytes  int64       `json:"ram_bytes"`
-	DiskBytes int64       `json:"disk_bytes"`
-	Children  []*TreeNode `json:"children,omitempty"`
+	RAMBytes  int64 `json:"ram_bytes"`
+	DiskBytes int64 `json:"disk_bytes"`
+	// Contract is a machine's contract, or the one a template gives its
+	// children (contracts.go).
+	Contract *contract.Contract `json:"contract,omitempty"`
+	Children []*TreeNode        `json:"children,omitempty"`
 }
 
 // Tree is the lineage of every machine and template, or of one family.
@@ -133,7 +137,7 @@ func buildTree(in treeInput) *Tree {
 		if m.State == StatePooled {
 			continue // a warm-pool process is not a machine of its own yet
 		}
-		n := &TreeNode{Kind: NodeMachine, Name: m.Name, State: m.State, Created: m.Created, Expires: m.Expires}
+		n := &TreeNode{Kind: NodeMachine, Name: m.Name, State: m.State, Created: m.Created, Expires: m.Expires, Contract: m.Contract}
 		n.RAMBytes = in.ram(m)
 		if m.Spec.Disk != "" {
 			n.DiskBytes = in.disk(m.Paths.Disk)
@@ -143,7 +147,7 @@ func buildTree(in treeInput) *Tree {
 	byID := map[string]*Template{}
 	for _, t := range in.templates {
 		byID[t.ID] = t
-		n := &TreeNode{Kind: NodeTemplate, Name: t.ID, Kept: t.Name, Created: t.Created}
+		n := &TreeNode{Kind: NodeTemplate, Name: t.ID, Kept: t.Name, Created: t.Created, Contract: t.Contract}
 		if t.Name != "" {
 			n.Expires = t.Expires // a given-up template's deadline has done its work
 		}

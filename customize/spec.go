@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/vmfork/vmfork/contract"
 	"io"
 	"os"
 	"path/filepath"
@@ -65,6 +66,8 @@ const (
 //	    after: vmfork.network  # default: at the end
 //	    timeout: 20s
 //	on_failure: kill           # or keep (the child stays, its link down)
+//	contract:                  # the children's fork contract (package contract)
+//	  network: {egress: none}
 //
 // JSON has the same keys.
 type Spec struct {
@@ -75,6 +78,9 @@ type Spec struct {
 	Timeouts  map[string]Duration `json:"timeouts,omitempty" yaml:"timeouts,omitempty"`
 	Steps     []ScriptSpec        `json:"steps,omitempty" yaml:"steps,omitempty"`
 	OnFailure string              `json:"on_failure,omitempty" yaml:"on_failure,omitempty"`
+	// Contract is the children's fork contract; --contract FILE overrides
+	// it. The identity chain does not read it: the Manager does.
+	Contract *contract.Contract `json:"contract,omitempty" yaml:"contract,omitempty"`
 
 	// Dir is where relative script paths start; LoadSpec sets it to the
 	// spec file's directory, else it is the working directory.
@@ -210,6 +216,9 @@ func (s Spec) KeepOnFailure() bool { return s.OnFailure == "keep" }
 // Validate checks the spec and every file it names, without touching a
 // guest. Chain and PreForkChain fail only where Validate does.
 func (s Spec) Validate() error {
+	if err := s.Contract.Validate(); err != nil {
+		return err
+	}
 	_, err := s.Chain()
 	return err
 }

@@ -52,6 +52,7 @@ but only the devices still plugged in.
 		&cli.GenericFlag{Name: "device", Value: &wholeValues{}, Usage: "extra QEMU device `DRIVER,id=ID[,PROP=VALUE...]` (-device syntax; embedded driver); repeatable"},
 		&cli.GenericFlag{Name: "object", Value: &wholeValues{}, Usage: "extra QEMU backend `TYPE,id=ID[,PROP=VALUE...]` a --device needs (-object syntax); repeatable"},
 		ttlFlag,
+		contractFlag,
 		dryRunFlag,
 		jsonFlag,
 	},
@@ -66,10 +67,14 @@ but only the devices still plugged in.
 		if err != nil {
 			return err
 		}
-		name := cliCtx.Args().First()
+		c, err := contractOf(cliCtx, nil)
+		if err != nil {
+			return err
+		}
+		req := vmfork.BootRequest{Name: cliCtx.Args().First(), Spec: spec, Contract: c}
 		return run(cliCtx, func(v verb) error {
-			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanBoot(v.ctx, name, spec) }, func() error {
-				m, err := v.mg.Boot(v.ctx, name, spec)
+			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanBoot(v.ctx, req) }, func() error {
+				m, err := v.mg.Boot(v.ctx, req)
 				if err != nil {
 					return err
 				}

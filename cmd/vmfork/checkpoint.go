@@ -22,7 +22,7 @@ later puts NAME back to that instant; "vmfork fork T" makes children of it.
    vmfork checkpoint agent --as before-step
    vmfork checkpoint ls agent
    vmfork rewind agent --to before-step`,
-	Flags: []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, dryRunFlag, jsonFlag},
+	Flags: []cli.Flag{&cli.StringFlag{Name: "as", Usage: "name the checkpoint `T`"}, contractFlag, dryRunFlag, jsonFlag},
 	// "ls" is an argument, not a subcommand, so that flags may follow
 	// NAME as on every other command (a machine named ls is checkpointed
 	// by "vmfork checkpoint ls").
@@ -33,7 +33,11 @@ later puts NAME back to that instant; "vmfork fork T" makes children of it.
 		if cliCtx.NArg() != 1 {
 			return usageError{errors.New("checkpoint needs a running machine: vmfork checkpoint NAME [--as T], or vmfork checkpoint ls NAME")}
 		}
-		req := vmfork.CheckpointRequest{Machine: cliCtx.Args().First(), As: cliCtx.String("as")}
+		c, err := contractOf(cliCtx, nil)
+		if err != nil {
+			return err
+		}
+		req := vmfork.CheckpointRequest{Machine: cliCtx.Args().First(), As: cliCtx.String("as"), Contract: c}
 		return run(cliCtx, func(v verb) error {
 			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanCheckpoint(v.ctx, req) }, func() error {
 				t, err := v.mg.Checkpoint(v.ctx, req)

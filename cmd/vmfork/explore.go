@@ -45,6 +45,7 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 		&cli.StringFlag{Name: "prefix", Usage: "name branches PREFIX-1, PREFIX-2, ...", DefaultText: "SOURCE-try"},
 		&cli.IntFlag{Name: "tail-bytes", Usage: "bytes of stdout and stderr kept per try", Value: vmfork.DefaultTailBytes},
 		ttlFlag,
+		contractFlag,
 		dryRunFlag,
 		jsonFlag,
 		traceJSONFlag,
@@ -76,6 +77,10 @@ vmfork gc) removes every branch it made. Exit code 1 when no try won.
 			KeepAs: cliCtx.String("keep-as"), KeepAll: cliCtx.Bool("keep-all"),
 			Parallel: cliCtx.Int("parallel"), MaxChildren: cliCtx.Int("max-children"),
 			TTL: cliCtx.Duration("ttl"), TailBytes: cliCtx.Int("tail-bytes"), Prefix: cliCtx.String("prefix"),
+		}
+		var err error
+		if req.Contract, err = contractOf(cliCtx, nil); err != nil {
+			return err
 		}
 		return run(cliCtx, func(v verb) error {
 			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanExplore(v.ctx, req) }, func() error {

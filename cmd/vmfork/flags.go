@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/contract"
 	"github.com/vmfork/vmfork/qemudrv"
 )
 
@@ -193,6 +194,8 @@ type machineView struct {
 	// Expires is the --ttl deadline; TTLLeftS what is left of it.
 	Expires  time.Time `json:"expires,omitzero"`
 	TTLLeftS float64   `json:"ttl_left_s,omitempty"`
+	// Contract is the machine's fork contract (vmfork contract NAME).
+	Contract *contract.Contract `json:"contract,omitempty"`
 }
 
 func viewOf(m *vmfork.Machine) machineView {
@@ -201,7 +204,7 @@ func viewOf(m *vmfork.Machine) machineView {
 		MemoryMiB: m.Spec.MemoryMiB, CPUs: m.Spec.CPUs, Accel: m.Accel, MAC: m.Spec.MAC,
 		Ports: m.Spec.Ports, Network: m.Spec.Network.Effective(), Parent: m.Parent, Template: m.Template,
 		QMP: m.Paths.QMP, QGA: m.Paths.QGA, Serial: m.Paths.Serial, RAM: m.Paths.RAM,
-		Created: m.Created, Expires: m.Expires,
+		Created: m.Created, Expires: m.Expires, Contract: m.Contract,
 	}
 	v.TTLLeftS = vmfork.TTLLeft(m.Expires, time.Now()).Seconds()
 	if v.Ports == nil {

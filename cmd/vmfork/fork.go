@@ -71,6 +71,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		&cli.BoolFlag{Name: "detach-devices", Usage: "when the source's extra devices (boot --device) forbid the fork, unplug them for it and plug them back after; children get none"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
 		ttlFlag,
+		contractFlag,
 		dryRunFlag,
 		jsonFlag,
 		traceJSONFlag,
@@ -103,6 +104,9 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		}
 		var err error
 		if req.Identity, err = identityOptions(cliCtx); err != nil {
+			return err
+		}
+		if req.Contract, err = contractOf(cliCtx, req.Identity.Spec.Contract); err != nil {
 			return err
 		}
 		return run(cliCtx, func(v verb) error {

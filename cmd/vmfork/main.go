@@ -102,6 +102,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 		Commands: []*cli.Command{
 			bootCommand,
 			forkCommand, checkpointCommand, rewindCommand, hibernateCommand, resumeCommand,
+			contractCommand,
 			templateCommand,
 			lsCommand,
 			execCommand,

@@ -45,6 +45,7 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "pool", Usage: fmt.Sprintf("processes to keep started ahead (0 to %d)", vmfork.MaxPoolSize)},
 		ttlFlag,
+		contractFlag,
 		dryRunFlag,
 		jsonFlag,
 		traceJSONFlag,
@@ -56,7 +57,11 @@ namespace of machine names. With --pool K, K processes are started ahead.`,
 		if err := checkTTLFlag(cliCtx); err != nil {
 			return err
 		}
-		req := vmfork.KeepRequest{Source: cliCtx.Args().Get(0), Name: cliCtx.Args().Get(1), Pool: cliCtx.Int("pool")}
+		c, err := contractOf(cliCtx, nil)
+		if err != nil {
+			return err
+		}
+		req := vmfork.KeepRequest{Source: cliCtx.Args().Get(0), Name: cliCtx.Args().Get(1), Pool: cliCtx.Int("pool"), Contract: c}
 		return run(cliCtx, func(v verb) error {
 			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanKeep(v.ctx, req) }, func() error {
 				t, err := v.mg.Keep(withProgress(v.ctx, cliCtx), req)

@@ -331,7 +331,7 @@ func (e *Env) boot(ctx context.Context, name string, memMiB int) (*vmfork.Machin
 
 func (e *Env) bootWith(ctx context.Context, name string, memMiB int, cmdline string) (*vmfork.Machine, time.Duration, error) {
 	start := time.Now()
-	m, err := e.mgr.Boot(ctx, name, e.spec(memMiB, cmdline))
+	m, err := e.mgr.Boot(ctx, vmfork.BootRequest{Name: name, Spec: e.spec(memMiB, cmdline)})
 	if err != nil {
 		return nil, 0, err
 	}

@@ -93,7 +93,7 @@ func (e *Env) bootLibvirtSource(ctx context.Context, name string, mem int) (*vmf
 		return nil, 0, err
 	}
 	start := time.Now()
-	m, err := lv.Boot(ctx, name, e.spec(mem, guestAppend))
+	m, err := lv.Boot(ctx, vmfork.BootRequest{Name: name, Spec: e.spec(mem, guestAppend)})
 	if err != nil {
 		return nil, 0, fmt.Errorf("libvirt driver: boot %s: %w", name, err)
 	}

@@ -260,7 +260,7 @@ func (e *Env) stallVmfork(ctx context.Context, drv stallDrv, sz *StallSize, opt 
 	spec := e.spec(mem, guestAppend)
 	spec.Ports = []vmfork.PortForward{{Guest: echoPort}}
 	start := time.Now()
-	m, err := drv.mgr.Boot(ctx, src, spec)
+	m, err := drv.mgr.Boot(ctx, vmfork.BootRequest{Name: src, Spec: spec})
 	if err != nil {
 		return "", fmt.Errorf("%s driver: boot %s: %w", drv.name, src, err)
 	}
