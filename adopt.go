@@ -16,6 +16,7 @@ func (mg *Manager) inspectAdoption(ctx context.Context, a Adopter, name string) 
 	if m.Adopted == nil || m.Name != name {
 		return nil, fmt.Errorf("machine %q: driver %q returned no adoption record", name, mg.Driver.Name())
 	}
+	m.Family = newFamily() // a root: vmfork did not make it from anything
 	return m, nil
 }
 

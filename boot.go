@@ -86,6 +86,7 @@ func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error)
 		Paths:    mg.Store.MachinePaths(name),
 		Created:  time.Now().UTC(),
 		Contract: p.req.Contract.Clone(),
+		Family:   newFamily(),
 	}
 	done, err := mg.Store.journal(journalEntry{Op: opBoot, Machines: []string{name}})
 	if err != nil {

@@ -185,6 +185,7 @@ func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contrac
 	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
 	tpl.SourceParent, tpl.SourceTemplate, tpl.SourceGuestMAC = src.Parent, src.Template, src.GuestMAC
 	tpl.Contract = src.Contract.Clone()
+	tpl.Family = familyOf(src)
 	if src.Spec.Disk == "" {
 		tpl.Paths.Disk = "" // a diskless source freezes no disk
 	}
@@ -292,7 +293,7 @@ func (mg *Manager) reserve(src *Machine, tpl *Template, names []string, ct *cont
 		c := &Machine{
 			Name: n, Driver: src.Driver, State: StateCreating, Accel: src.Accel,
 			Spec: src.Spec, Paths: mg.Store.MachinePaths(n), Parent: src.Name, Template: tpl.ID,
-			Created: time.Now().UTC(), Contract: ct.Clone(),
+			Created: time.Now().UTC(), Contract: ct.Clone(), Family: tpl.Family,
 		}
 		// Host ports are backends: each child gets free ones of its own.
 		c.Spec.Ports = make([]PortForward, len(src.Spec.Ports))

@@ -236,6 +236,7 @@ func (mg *Manager) prepareHibernation(m *Machine) (*Template, func(), error) {
 	t.Driver, t.Accel, t.Spec = m.Driver, m.Accel, m.Spec
 	t.SourceParent, t.SourceTemplate, t.SourceGuestMAC = m.Parent, m.Template, m.GuestMAC
 	t.Contract = m.Contract.Clone()
+	t.Family = familyOf(m)
 	if m.Spec.Disk == "" {
 		t.Paths.Disk = ""
 	}

@@ -263,6 +263,10 @@ type Machine struct {
 	// host (contracts.go); nil for none. Its children inherit it unless
 	// their fork names another.
 	Contract *contract.Contract `json:"contract,omitempty"`
+	// Family names the root machine this one was made from, and so
+	// everything made from that root (family.go): fork children, forks of
+	// forks, kept templates and their children, rewinds, explore branches.
+	Family string `json:"family,omitempty"`
 }
 
 // Adoption is what vmfork keeps of a machine it adopted, such as a libvirt

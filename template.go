@@ -35,6 +35,8 @@ type Template struct {
 	// another: the source's at the freeze, or the one template save or
 	// checkpoint was given (contracts.go).
 	Contract *contract.Contract `json:"contract,omitempty"`
+	// Family is its source's (family.go): its children join it.
+	Family string `json:"family,omitempty"`
 	// HasMemory is true while the template holds RAM and device state. Once
 	// no child maps its RAM they are removed, and only the frozen disk stays,
 	// as long as it is a layer in some machine's disk chain.

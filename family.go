@@ -1,0 +1,31 @@
+package vmfork
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+)
+
+// A family is a root machine (one booted, or adopted) and everything made
+// from it: fork children, forks of forks, kept templates and their
+// children, checkpoints and rewinds, explore branches, hibernated and
+// resumed machines. Its id is drawn when the root is made and inherited by
+// every template and child, so that the family ledger (ledger.go) can
+// answer for a whole family and keep families apart. A rewind or a resume
+// keeps the machine's record, and with it its family.
+
+// newFamily draws a family id.
+func newFamily() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "f" + hex.EncodeToString(b[:])
+}
+
+// familyOf is m's family: its own, or, for a record from before vmfork
+// kept families, one named after the machine (its children then share
+// it; machines forked from it before are a family of their own each).
+func familyOf(m *Machine) string {
+	if m.Family != "" {
+		return m.Family
+	}
+	return "m-" + m.Name
+}

@@ -1,0 +1,53 @@
+package vmfork
+
+import "testing"
+
+// Every machine and template made from a root shares its family; another
+// root is another family.
+func TestFamilies(t *testing.T) {
+	mg := parityState(t) // web, db, sleepy, other; golden, disk; web-cp1, other-cp1
+	ctx := t.Context()
+	load := func(name string) string {
+		t.Helper()
+		m, err := mg.Store.LoadMachine(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Family
+	}
+	web := load("web")
+	if web == "" || web == load("db") || web == load("other") {
+		t.Fatalf("roots' families: web %q, db %q, other %q; want distinct ids", web, load("db"), load("other"))
+	}
+	for _, req := range []ForkRequest{
+		{Source: "web", Names: []string{"a"}},    // a live fork
+		{Source: "golden", Names: []string{"b"}}, // a kept template of web
+		{Source: "a", Names: []string{"c"}},      // a fork of a fork
+	} {
+		req.Identity = quietChain
+		if _, err := mg.Fork(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if got := load(req.Names[0]); got != web {
+			t.Errorf("%s (from %s): family %q, want web's %q", req.Names[0], req.Source, got, web)
+		}
+	}
+	if _, err := mg.Rewind(ctx, RewindRequest{Machine: "a", To: "web-cp1", Identity: quietChain, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := load("a"); got != web {
+		t.Errorf("after a rewind: family %q, want %q", got, web)
+	}
+	if _, err := mg.Fork(ctx, ForkRequest{Source: "sleepy", Names: []string{"s"}, Identity: quietChain}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := load("s"), load("sleepy"); got != want {
+		t.Errorf("child of a hibernated machine: family %q, want %q", got, want)
+	}
+	tpls, _ := mg.Store.ListTemplates()
+	for _, tp := range tpls {
+		if tp.Name == "golden" && tp.Family != web {
+			t.Errorf("golden's family %q, want web's %q", tp.Family, web)
+		}
+	}
+}
