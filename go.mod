@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242
+	github.com/elazarl/goproxy v1.9.3
 	github.com/klauspost/compress v1.20.4
 	github.com/lima-vm/go-qcow2reader v0.7.0
 	github.com/sirupsen/logrus v1.10.2
@@ -20,4 +21,6 @@ require (
 	github.com/digitalocean/go-libvirt v0.0.0-20220804181439-8648fbde413e // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
+	golang.org/x/net v0.62.0 // indirect
+	golang.org/x/text v0.44.0 // indirect
 )
