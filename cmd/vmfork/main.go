@@ -116,6 +116,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			extendCommand,
 			gcCommand,
 			reaperCommand,
+			brokerCommand,
 		},
 		OnUsageError: onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {
