@@ -11,6 +11,10 @@ BIN       ?= $(CURDIR)/bin/vmfork
 # The same CLI with `vmfork bench` compiled in (-tags bench); the product
 # binary carries no benchmark harness.
 BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
+# The same CLI with fault injection compiled in (-tags failpoints: fault.go's
+# VMFORK_FAULT, sharedmem's VMFORK_TEST_FREEZE_FAIL), for the tests that
+# kill or fail a command on purpose; the product binary holds neither.
+FAILPOINTS_BIN ?= $(CURDIR)/bin/vmfork-failpoints
 GO        ?= go
 
 .PHONY: fuzz all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
@@ -23,6 +27,9 @@ deps:
 build:
 	$(GO) build -o $(BIN) ./cmd/vmfork
 	$(GO) build -tags bench -o $(BENCH_BIN) ./cmd/vmfork
+	$(GO) build -tags failpoints -o $(FAILPOINTS_BIN) ./cmd/vmfork
+	@if grep -aqE 'VMFORK_FAULT|VMFORK_TEST' $(BIN); then \
+		echo "$(BIN) holds a test hook's variable (VMFORK_FAULT or VMFORK_TEST_*): it belongs behind -tags failpoints" >&2; exit 1; fi
 
 guest: deps
 	@tests/guest/build.sh $(GUEST_OUT) >/dev/null
@@ -38,12 +45,14 @@ demo: deps build guest
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags bench ./cmd/vmfork
+	$(GO) vet -tags failpoints ./...
 	$(GO) vet -tags integration ./tests/...
 
 # Unit tests boot nothing and need no QEMU.
 UNIT_FLAGS ?=
 unit:
 	$(GO) test -race -count=1 $(UNIT_FLAGS) ./...
+	$(GO) test -race -count=1 -tags failpoints $(UNIT_FLAGS) . ./sharedmem
 
 # The Ansible collection's unit tests (python3 -m unittest), then ansible-test sanity
 # and units (Debian 12's ansible-core 2.14 with Debian's checkers); no VM, no network.
@@ -69,7 +78,7 @@ fuzz:
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
 	@scripts/libvirtd.sh
-	VMFORK_BIN=$(BIN) VMFORK_BENCH_BIN=$(BENCH_BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -parallel 2 -timeout 80m -v ./tests/...
+	VMFORK_BIN=$(BIN) VMFORK_BENCH_BIN=$(BENCH_BIN) VMFORK_FAILPOINTS_BIN=$(FAILPOINTS_BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -parallel 2 -timeout 80m -v ./tests/...
 
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
 bench: deps build guest guest-debian
@@ -106,13 +115,17 @@ bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
 test: deps vet unit fuzz ansible-unit integration
 
-# The crash matrix (docs/RELIABILITY.md) with every case run 10 times instead
-# of CI's 3: vmfork, or a QEMU, killed with SIGKILL at each fault point, then
-# repaired. Minutes of TCG guests; not part of make test. CRASH_CASES (a
-# regexp on case names) runs some cases only.
+# The crash matrices (docs/RELIABILITY.md: TestCrashMatrix, and
+# TestCrashMatrixLibvirt on libvirtd) with every case run CRASH_RUNS times
+# instead of make test's 3: vmfork (its failpoints build), or a QEMU,
+# killed with SIGKILL at each fault point, then repaired. Tens of minutes of
+# TCG guests; not part of make test. CRASH_CASES (a regexp on case names)
+# runs some cases only.
 CRASH_CASES ?=
+CRASH_RUNS ?= 10
 crash-matrix: deps build guest
-	VMFORK_CRASH_RUNS=10 VMFORK_CRASH_CASES='$(CRASH_CASES)' VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -count=1 -timeout 60m -run 'TestCrashMatrix' -v ./tests/
+	@scripts/libvirtd.sh
+	VMFORK_CRASH_RUNS=$(CRASH_RUNS) VMFORK_CRASH_CASES='$(CRASH_CASES)' VMFORK_BIN=$(BIN) VMFORK_FAILPOINTS_BIN=$(FAILPOINTS_BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -count=1 -timeout 60m -run 'TestCrashMatrix' -v ./tests/
 
 clean:
 	rm -rf bin $(GUEST_OUT)

@@ -3,10 +3,8 @@ package vmfork
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -184,42 +182,4 @@ func TestNewTemplateClearsStaleFiles(t *testing.T) {
 			t.Errorf("%s left for the new template", f)
 		}
 	}
-}
-
-func TestParseFault(t *testing.T) {
-	for _, c := range []struct{ in, point, action string }{
-		{"", "", ""},
-		{"fork.running", "fork.running", "self"},
-		{"pool.taken:qemu", "pool.taken", "qemu"},
-	} {
-		got := parseFault(c.in)
-		if got.point != c.point || got.action != c.action {
-			t.Errorf("parseFault(%q) = %q, %q; want %q, %q", c.in, got.point, got.action, c.point, c.action)
-		}
-	}
-}
-
-// VMFORK_FAULT kills the process that reaches the named point, and only
-// that point: checked in a child process running TestFaultHelper.
-func TestFaultKillsItself(t *testing.T) {
-	for _, c := range []struct {
-		fault  string
-		killed bool
-	}{{FaultRmStopped, true}, {FaultForkFrozen, false}, {"", false}} {
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestFaultHelper$")
-		cmd.Env = append(os.Environ(), "VMFORK_FAULT_HELPER=1", FaultEnv+"="+c.fault)
-		err := cmd.Run()
-		var ee *exec.ExitError
-		killed := errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
-		if killed != c.killed || (!killed && err != nil) {
-			t.Errorf("VMFORK_FAULT=%q at %s: err %v, killed %v; want killed %v", c.fault, FaultRmStopped, err, killed, c.killed)
-		}
-	}
-}
-
-func TestFaultHelper(t *testing.T) {
-	if os.Getenv("VMFORK_FAULT_HELPER") == "" {
-		t.Skip("run by TestFaultKillsItself")
-	}
-	Fault(FaultRmStopped, 0)
 }

@@ -12,65 +12,35 @@ import (
 	"testing"
 )
 
+// rollbackCase is one failure of a step of the paused part of a freeze.
+type rollbackCase struct {
+	name      string
+	disk, dev error
+	after     error
+	want      error // the failure the error wraps
+	wantUndo  bool  // the disk switch's undo step runs
+}
+
+var errBoom = errors.New("boom")
+
 // TestRecipeRollsBack fails each step of the paused part of a freeze in
 // turn: the source is always resumed, the disk switch's own undo runs, the
-// template's RAM file never stays, and the error names the step.
+// template's RAM file never stays, and the error names the step. The
+// failures between steps are injected in the failpoints build
+// (TestRecipeRollsBackInjected).
 func TestRecipeRollsBack(t *testing.T) {
-	boom := errors.New("boom")
-	cases := []struct {
-		name, inject string
-		disk, dev    error
-		after        error
-		wantUndo     bool // the disk switch's undo step runs
-	}{
-		{name: "after stop", inject: InjectAfterStop},
-		{name: "disk switch", disk: boom},
-		{name: "device state", dev: boom, wantUndo: true},
-		{name: "before RAM", inject: InjectBeforeRAM, wantUndo: true},
-		{name: "after RAM", after: boom, wantUndo: true},
-		{name: "after RAM, injected", inject: InjectAfterRAM, wantUndo: true},
-	}
-	for _, c := range cases {
+	for _, c := range []rollbackCase{
+		{name: "disk switch", disk: errBoom, want: errBoom},
+		{name: "device state", dev: errBoom, want: errBoom, wantUndo: true},
+		{name: "after RAM", after: errBoom, want: errBoom, wantUndo: true},
+	} {
 		t.Run(c.name, func(t *testing.T) {
-			t.Setenv(InjectEnv, c.inject)
-			r := &recorder{}
-			tpl := filepath.Join(t.TempDir(), "t.ram")
-			plan, err := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: tpl})
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = Recipe{
-				Source: r.source(),
-				SwitchDisk: func(_ context.Context, w *PauseWindow) error {
-					if c.disk != nil {
-						return c.disk
-					}
-					w.OnFailure(r.step("undo disk"))
-					return nil
-				},
-				SaveDeviceState: func(context.Context) error { return c.dev },
-				RAM:             plan,
-				AfterRAM:        func(context.Context) error { return c.after },
-			}.Run(t.Context())
-			if err == nil {
-				t.Fatal("Run succeeded, want the failure")
-			}
-			if !errors.Is(err, boom) && !errors.Is(err, ErrInjected) {
-				t.Errorf("error %v does not wrap the failure", err)
-			}
-			if got := r.log[len(r.log)-1]; got != "resume" {
-				t.Errorf("steps %v: the source was not resumed last", r.log)
-			}
-			if slices.Contains(r.log, "undo disk") != c.wantUndo {
-				t.Errorf("steps %v: disk switch undone = %v, want %v", r.log, !c.wantUndo, c.wantUndo)
-			}
-			if _, err := os.Stat(tpl); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("template RAM file left (%v)", err)
-			}
+			noInjection(t)
+			testRollback(t, c)
 		})
 	}
 	t.Run("success", func(t *testing.T) {
-		t.Setenv(InjectEnv, "")
+		noInjection(t)
 		r := &recorder{}
 		tpl := filepath.Join(t.TempDir(), "t.ram")
 		plan, _ := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: tpl})
@@ -87,10 +57,48 @@ func TestRecipeRollsBack(t *testing.T) {
 	})
 }
 
+// testRollback runs the recipe with c's failure and checks the rollback.
+func testRollback(t *testing.T, c rollbackCase) {
+	r := &recorder{}
+	tpl := filepath.Join(t.TempDir(), "t.ram")
+	plan, err := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: tpl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Recipe{
+		Source: r.source(),
+		SwitchDisk: func(_ context.Context, w *PauseWindow) error {
+			if c.disk != nil {
+				return c.disk
+			}
+			w.OnFailure(r.step("undo disk"))
+			return nil
+		},
+		SaveDeviceState: func(context.Context) error { return c.dev },
+		RAM:             plan,
+		AfterRAM:        func(context.Context) error { return c.after },
+	}.Run(t.Context())
+	if err == nil {
+		t.Fatal("Run succeeded, want the failure")
+	}
+	if !errors.Is(err, c.want) {
+		t.Errorf("error %v does not wrap the failure", err)
+	}
+	if got := r.log[len(r.log)-1]; got != "resume" {
+		t.Errorf("steps %v: the source was not resumed last", r.log)
+	}
+	if slices.Contains(r.log, "undo disk") != c.wantUndo {
+		t.Errorf("steps %v: disk switch undone = %v, want %v", r.log, !c.wantUndo, c.wantUndo)
+	}
+	if _, err := os.Stat(tpl); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("template RAM file left (%v)", err)
+	}
+}
+
 // TestRecipeLeavePaused: a freeze for a hibernate keeps the source paused
 // once the template is whole; a failure before that still resumes it.
 func TestRecipeLeavePaused(t *testing.T) {
-	t.Setenv(InjectEnv, "")
+	noInjection(t)
 	for _, fail := range []bool{false, true} {
 		r := &recorder{}
 		plan, err := Prepare(t.Context(), &fakeMonitor{}, PlanRequest{SizeBytes: 1 << 20, Template: filepath.Join(t.TempDir(), "t.ram")})
@@ -131,7 +139,7 @@ func (m *statusMonitor) Execute(_ context.Context, cmd string, _, result any) er
 // TestRecipeWaitsForSaveToSettle: the source is resumed only once QEMU has
 // left finish-migrate (a cont before that fails).
 func TestRecipeWaitsForSaveToSettle(t *testing.T) {
-	t.Setenv(InjectEnv, "")
+	noInjection(t)
 	mon := &statusMonitor{n: 3}
 	resumedEarly := false
 	src := PauseSource{

@@ -33,7 +33,7 @@ import (
 func TestCrashMatrixLibvirt(t *testing.T) {
 	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
-	r := &rig{env: d.env, t: t}
+	r := &rig{env: d.env, t: t, faultBin: failpointsBin(t)}
 	src := d.n("src")
 	d.bootGuest(src)
 	d.run(src, "vmfork-counter", "start")

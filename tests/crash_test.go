@@ -24,9 +24,11 @@ import (
 
 // The crash matrix (docs/RELIABILITY.md): vmfork is killed with SIGKILL at
 // each named point of the fork pipeline, of template save, of pool refill
-// and of rm (VMFORK_FAULT, fault.go), or a QEMU is killed there, and the
-// next command must repair what it finds. Each case runs crashRuns() times
-// on one source machine that all cases share.
+// and of rm (VMFORK_FAULT, fault_failpoints.go), or a QEMU is killed there,
+// and the next command must repair what it finds. The command under the
+// fault is the failpoints build (failpointsBin); the repair and every other
+// command are the product's. Each case runs crashRuns() times on one source
+// machine that all cases share.
 
 // crashRuns is how often each case runs: 3 in CI, VMFORK_CRASH_RUNS (make
 // crash-matrix: 10) otherwise.
@@ -44,7 +46,7 @@ func crashRuns(t *testing.T) int {
 // crashCase is one row of the matrix.
 type crashCase struct {
 	name  string
-	fault string // VMFORK_FAULT
+	fault string // VMFORK_FAULT (faultEnv)
 	// prep sets up what the command needs and returns its arguments.
 	prep func(r *rig, i int) []string
 	// after checks what is particular to the case once the repair ran;
@@ -61,7 +63,7 @@ func (c crashCase) self() bool { return !strings.HasSuffix(c.fault, ":qemu") }
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
-	r := &rig{env: e, t: t}
+	r := &rig{env: e, t: t, faultBin: failpointsBin(t)}
 	t.Cleanup(r.killStrays)
 	e.boot("src")
 	e.exec("src", "vmfork-counter", "start")
@@ -145,8 +147,9 @@ func TestCrashMatrix(t *testing.T) {
 // rig runs the matrix in one env.
 type rig struct {
 	*env
-	t       *testing.T
-	counter int // the source's guest counter before the last run
+	t        *testing.T
+	faultBin string // the failpoints build, for the command under the fault
+	counter  int    // the source's guest counter before the last run
 }
 
 func (r *rig) run(c crashCase, i int) {
@@ -180,14 +183,14 @@ func (r *rig) run(c crashCase, i int) {
 	}
 }
 
-// faulted runs vmfork with VMFORK_FAULT set and reports whether SIGKILL
-// ended it.
+// faulted runs the failpoints build with VMFORK_FAULT set and reports
+// whether SIGKILL ended it.
 func (r *rig) faulted(fault string, args ...string) (result, bool) {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(r.t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, r.bin, append([]string{"--state-dir", r.stateDir, "--mem-dir", r.memDir}, args...)...)
-	cmd.Env = append(os.Environ(), vmfork.FaultEnv+"="+fault)
+	cmd := exec.CommandContext(ctx, r.faultBin, append([]string{"--state-dir", r.stateDir, "--mem-dir", r.memDir}, args...)...)
+	cmd.Env = append(os.Environ(), faultEnv+"="+fault)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -171,12 +171,12 @@ func TestLibvirtFlatPauseFailure(t *testing.T) {
 	ident := domainOf(t, s)
 	for _, point := range []string{"after-stop", "before-ram", "after-ram"} {
 		t.Run(point, func(t *testing.T) {
-			t.Setenv("VMFORK_TEST_FREEZE_FAIL", point)
-			r := d.cli("fork", s, d.n("x"))
+			t.Setenv(freezeFailEnv, point)
+			r := d.withFailpoints().cli("fork", s, d.n("x"))
 			if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
 				t.Fatalf("fork with a failure at %s: %s, want it to fail naming the failure", point, r)
 			}
-			t.Setenv("VMFORK_TEST_FREEZE_FAIL", "")
+			t.Setenv(freezeFailEnv, "")
 			if st := strings.TrimSpace(virshOK(t, "domstate", s)); st != "running" {
 				t.Errorf("source domain %q after a failed fork, want running", st)
 			}

@@ -283,12 +283,12 @@ func TestFlatPauseFailure(t *testing.T) {
 	fill := e.fillRun("s", "/run/fill", 16)
 	for _, point := range []string{"after-stop", "before-ram", "after-ram"} {
 		t.Run(point, func(t *testing.T) {
-			t.Setenv("VMFORK_TEST_FREEZE_FAIL", point)
-			r := e.vmfork("fork", "s", "x")
+			t.Setenv(freezeFailEnv, point)
+			r := e.withFailpoints().vmfork("fork", "s", "x")
 			if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
 				t.Fatalf("fork with a failure at %s: %s, want it to fail naming the failure", point, r)
 			}
-			t.Setenv("VMFORK_TEST_FREEZE_FAIL", "")
+			t.Setenv(freezeFailEnv, "")
 			e.counterAdvances("s")
 			if got := strings.TrimSpace(e.exec("s", "cat", "/run/counter.pid")); got != pid {
 				t.Errorf("counter pid %s after a failed fork, want %s", got, pid)
