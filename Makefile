@@ -117,7 +117,7 @@ test: deps vet unit fuzz ansible-unit integration
 
 # The crash matrices (docs/RELIABILITY.md: TestCrashMatrix, and
 # TestCrashMatrixLibvirt on libvirtd) with every case run CRASH_RUNS times
-# instead of make test's 3: vmfork (its failpoints build), or a QEMU,
+# instead of make test's once: vmfork (its failpoints build), or a QEMU,
 # killed with SIGKILL at each fault point, then repaired. Tens of minutes of
 # TCG guests; not part of make test. CRASH_CASES (a regexp on case names)
 # runs some cases only.
