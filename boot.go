@@ -99,7 +99,14 @@ func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error)
 	log := mg.Log.WithField("machine", name)
 	log.Info("booting")
 	start := time.Now()
-	if err := mg.Driver.Start(ctx, m); err != nil {
+	brokered, err := mg.brokerSecrets(ctx, m, 0)
+	if err == nil {
+		if err = mg.Driver.Start(ctx, m); err == nil {
+			brokered(ctx)
+		}
+	}
+	if err != nil {
+		mg.unbroker(context.WithoutCancel(ctx), m)
 		if rerr := mg.Store.RemoveMachine(name); rerr != nil {
 			log.WithError(rerr).Warn("could not remove the failed machine's files")
 		}

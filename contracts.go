@@ -52,6 +52,9 @@ func (mg *Manager) checkContract(ctx context.Context, verb, name string, m *Mach
 	if err := e.CheckContract(ctx, m, c); err != nil {
 		return fmt.Errorf("%s %q: contract: %w", verb, name, err)
 	}
+	if err := mg.checkSecrets(m, c); err != nil {
+		return fmt.Errorf("%s %q: contract: %w", verb, name, err)
+	}
 	return nil
 }
 

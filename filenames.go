@@ -8,6 +8,9 @@ const (
 	dirJournal   = "journal"
 	dirLocks     = "locks"
 	dirPool      = "pool"
+	// dirBroker is the secrets broker's: its control socket, lock, log,
+	// registry (no values) and vmfork's CA (package broker).
+	dirBroker = "broker"
 
 	fileMachine  = "machine.json"
 	fileManifest = "manifest.json"

@@ -463,7 +463,9 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 	// A kept template's warm pool serves the first children. Its members
 	// have fresh vmgenids, so a reproducible identity starts cold.
 	var members []*Machine
-	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible {
+	// Nor do children whose secrets are brokered: a member's QEMU was
+	// started without their proxy's forward.
+	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible && len(p.contract.SecretNames()) == 0 {
 		members = mg.takePool(ctx, tpl, len(children))
 	}
 	out := make([]childOutcome, len(children))
@@ -509,6 +511,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 			if c.PID != 0 {
 				mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
 			}
+			mg.unbroker(context.WithoutCancel(ctx), c)
 			if err := mg.Store.RemoveMachine(c.Name); err != nil {
 				log.WithError(err).Warn("could not remove the failed child's files")
 			}
@@ -521,6 +524,12 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 		}
 	}
 	if err := mg.prepareIdentity(c, tpl, index, opts); err != nil {
+		return childOutcome{err: err}
+	}
+	// Registered before its QEMU starts: the driver forwards the guest's
+	// proxy address to the listener the broker opens.
+	brokered, err := mg.brokerSecrets(ctx, c, index)
+	if err != nil {
 		return childOutcome{err: err}
 	}
 	switch cs.mode {
@@ -548,6 +557,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 		}
 	}
 	running := time.Since(start)
+	brokered(ctx)
 	// The child stays "creating" until its identity chain has finished and
 	// its link is up: until then it is its parent's double, and the
 	// journal's repair removes it if this process dies (journal.go).

@@ -263,6 +263,10 @@ type Machine struct {
 	// host (contracts.go); nil for none. Its children inherit it unless
 	// their fork names another.
 	Contract *contract.Contract `json:"contract,omitempty"`
+	// Broker is how its brokered secrets are served (brokered.go): the
+	// placeholders its guest holds and where its proxy is; nil without
+	// secrets.
+	Broker *BrokerState `json:"broker,omitempty"`
 	// Family names the root machine this one was made from, and so
 	// everything made from that root (family.go): fork children, forks of
 	// forks, kept templates and their children, rewinds, explore branches.

@@ -19,6 +19,9 @@ type Manager struct {
 	// Reaper starts the process that enforces TTLs (ttl.go) when none runs;
 	// nil leaves expired machines to vmfork gc.
 	Reaper ReaperStarter
+	// Broker serves brokered secrets (brokered.go); nil refuses every
+	// contract with secrets.
+	Broker SecretBroker
 	// hostKeys makes the SSH host keys of this Manager's fork children.
 	// Their types are in the template's facts, so each child's keys are
 	// started before its QEMU (preFork starts the first's earlier still).

@@ -198,6 +198,7 @@ func (mg *Manager) applyRemove(ctx context.Context, p *stopPlan) error {
 		mg.Log.WithField("machine", name).WithError(err).Warn("removing despite stop failure")
 	}
 	Fault(FaultRmStopped, m.PID)
+	mg.unbroker(ctx, m)
 	if err := mg.Store.RemoveMachine(name); err != nil {
 		return fmt.Errorf("rm: %w", err)
 	}

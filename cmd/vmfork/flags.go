@@ -116,6 +116,7 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	}
 	mg := vmfork.NewManager(store, driver, log)
 	mg.Reaper = reaperStarter(cliCtx)
+	mg.Broker = brokerClient(cliCtx)
 	return mg, nil
 }
 
