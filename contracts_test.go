@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/vmfork/vmfork/broker"
 
 	"github.com/vmfork/vmfork/contract"
 )
@@ -127,6 +132,8 @@ func TestContractRefusedBeforeAnythingChanges(t *testing.T) {
 
 func TestSetContract(t *testing.T) {
 	mg, d := newHibManager(t)
+	mg.Broker = &fakeBroker{}
+	t.Setenv("T", "the-value")
 	ctx := t.Context()
 	secret := mustContract(t, "network: {egress: none}\nsecrets: {TOKEN: {hosts: [api.example.com], value_from: {env: T}}}")
 	if _, err := mg.Boot(ctx, BootRequest{Name: "web", Spec: kernelSpec(t), Contract: secret}); err != nil {
@@ -151,5 +158,90 @@ func TestSetContract(t *testing.T) {
 	}
 	if _, err := mg.SetContract(ctx, "web", wider); !errors.Is(err, ErrNotRunning) {
 		t.Errorf("--set on a stopped machine: %v, want ErrNotRunning", err)
+	}
+}
+
+// fakeBroker records registrations.
+type fakeBroker struct {
+	mu   sync.Mutex
+	regs map[string]broker.Child
+}
+
+func (b *fakeBroker) Register(ctx context.Context, c broker.Child) (broker.Addr, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.regs == nil {
+		b.regs = map[string]broker.Child{}
+	}
+	b.regs[c.Name] = c
+	return broker.Addr{Network: "tcp", Address: "10.9.0.1:4000"}, nil
+}
+
+func (b *fakeBroker) Unregister(ctx context.Context, name string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.regs, name)
+	return nil
+}
+
+// BrokerEndpoint on the hibernating fake driver.
+func (d *hibDriver) BrokerListen(m *Machine) (broker.Addr, error) {
+	return broker.Addr{Network: "tcp", Address: "10.9.0.1:0"}, nil
+}
+
+func (d *hibDriver) ProxyURL(m *Machine, a broker.Addr) (string, error) {
+	return "http://" + a.Address, nil
+}
+
+// Each child of a fork gets its own value from the exec hook, its own
+// placeholders, and goes from the broker with the child.
+func TestBrokeredSecrets(t *testing.T) {
+	mg, _ := newHibManager(t)
+	b := &fakeBroker{}
+	mg.Broker = b
+	ctx := t.Context()
+	c := mustContract(t, `secrets: {TOKEN: {hosts: [api.example.com], format: "Bearer {value}", value_from: {exec: 'echo "tok-$VMFORK_NAME-$VMFORK_INDEX"'}}}`)
+	if _, err := mg.Boot(ctx, BootRequest{Name: "web", Spec: kernelSpec(t)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := mg.Fork(ctx, ForkRequest{Source: "web", Count: 2, Identity: quietChain, Contract: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i, ch := range res.Children {
+		reg, ok := b.regs[ch.Name]
+		if !ok || len(reg.Secrets) != 1 {
+			t.Fatalf("%s: registration %+v", ch.Name, reg)
+		}
+		want := fmt.Sprintf("tok-%s-%d", ch.Name, i+1)
+		m, _ := mg.Store.LoadMachine(ch.Name)
+		if string(reg.Secrets[0].Value) != want || reg.PID != m.PID {
+			t.Errorf("%s: value %q (pid %d), want %q and its QEMU's pid %d", ch.Name, reg.Secrets[0].Value, reg.PID, want, m.PID)
+		}
+		p := m.Broker.Placeholders["TOKEN"]
+		if p == "" || seen[p] || m.Broker.ProxyURL != "http://10.9.0.1:4000" {
+			t.Errorf("%s: broker state %+v, want a placeholder of its own and the proxy's URL", ch.Name, m.Broker)
+		}
+		seen[p] = true
+		raw, _ := os.ReadFile(filepath.Join(m.Paths.Dir, "machine.json"))
+		if strings.Contains(string(raw), want) {
+			t.Errorf("%s: the record holds the value: %s", ch.Name, raw)
+		}
+	}
+	if err := mg.Remove(ctx, res.Children[0].Name, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.regs[res.Children[0].Name]; ok || len(b.regs) != 1 {
+		t.Errorf("after rm: registrations %v, want only the other child", b.regs)
+	}
+	// An env value that is not set is bad input, found before anything.
+	env := mustContract(t, `secrets: {TOKEN: {hosts: [api.example.com], value_from: {env: VMFORK_TEST_UNSET_VAR}}}`)
+	if _, err := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 1, Contract: env}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "VMFORK_TEST_UNSET_VAR") {
+		t.Errorf("an unset env value: %v, want ErrInvalid naming it", err)
+	}
+	mg.Broker = nil
+	if _, err := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 1, Contract: c}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("secrets with no broker: %v, want ErrUnsupported", err)
 	}
 }
