@@ -36,9 +36,11 @@ type SecretBroker interface {
 // machine reaches it, and how its guest reaches it.
 type BrokerEndpoint interface {
 	// BrokerListen returns the address the broker listens on for machine
-	// m (a unix socket its QEMU forwards a guest address to, or a host
-	// address on its network, port 0 for any). It changes nothing.
-	BrokerListen(m *Machine) (broker.Addr, error)
+	// m (a host address on its network, port 0 for any), and whether only
+	// m's own QEMU process may connect there (broker.Child.FromPID: a
+	// machine on QEMU's user network reaches the host's loopback through
+	// its QEMU). It changes nothing.
+	BrokerListen(m *Machine) (addr broker.Addr, fromQEMU bool, err error)
 	// ProxyURL is the proxy as m's guest reaches it once the broker
 	// listens on addr (http://HOST:PORT).
 	ProxyURL(m *Machine, addr broker.Addr) (string, error)
@@ -82,7 +84,7 @@ func (mg *Manager) checkSecrets(m *Machine, c *contract.Contract) error {
 			}
 		}
 	}
-	if _, err := mg.Driver.(BrokerEndpoint).BrokerListen(m); err != nil {
+	if _, _, err := mg.Driver.(BrokerEndpoint).BrokerListen(m); err != nil {
 		return fmt.Errorf("secrets: %w", err)
 	}
 	return nil
@@ -125,7 +127,7 @@ func (mg *Manager) brokerSecrets(ctx context.Context, m *Machine, index int) (st
 		}
 		reg.Secrets = append(reg.Secrets, broker.Binding{Name: name, Secret: s, Placeholder: placeholders[name], Value: v})
 	}
-	if reg.Listen, err = ep.BrokerListen(m); err != nil {
+	if reg.Listen, reg.FromPID, err = ep.BrokerListen(m); err != nil {
 		return started, fmt.Errorf("secrets: %w", err)
 	}
 	addr, err := mg.Broker.Register(ctx, reg)

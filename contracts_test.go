@@ -185,8 +185,8 @@ func (b *fakeBroker) Unregister(ctx context.Context, name string) error {
 }
 
 // BrokerEndpoint on the hibernating fake driver.
-func (d *hibDriver) BrokerListen(m *Machine) (broker.Addr, error) {
-	return broker.Addr{Network: "tcp", Address: "10.9.0.1:0"}, nil
+func (d *hibDriver) BrokerListen(m *Machine) (broker.Addr, bool, error) {
+	return broker.Addr{Network: "tcp", Address: "10.9.0.1:0"}, false, nil
 }
 
 func (d *hibDriver) ProxyURL(m *Machine, a broker.Addr) (string, error) {

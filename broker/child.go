@@ -55,6 +55,12 @@ type Child struct {
 	// PID is the machine's QEMU, if known: the broker drops the machine
 	// once that process is gone, should nobody unregister it.
 	PID int `json:"pid,omitempty"`
+	// FromPID accepts a tcp connection only when its other end is a
+	// socket held by process PID (peer.go). A machine on QEMU's user
+	// network reaches its proxy through the host's loopback, where every
+	// such machine comes from 127.0.0.1: its QEMU is what tells it apart.
+	// Until PID is known, nothing is accepted.
+	FromPID bool `json:"from_pid,omitempty"`
 	// Secrets are its brokered secrets.
 	Secrets []Binding `json:"secrets"`
 }
@@ -72,6 +78,9 @@ func (c *Child) validate() error {
 	}
 	if c.Listen.Address == "" {
 		return fmt.Errorf("broker: machine %q: no listen address: %w", c.Name, contract.ErrInvalid)
+	}
+	if c.FromPID && c.Listen.Network != "tcp" {
+		return fmt.Errorf("broker: machine %q: from_pid is for a tcp listener: %w", c.Name, contract.ErrInvalid)
 	}
 	if len(c.AllowFrom) > 0 && c.Listen.Network != "tcp" {
 		return fmt.Errorf("broker: machine %q: allow_from is for a tcp listener: %w", c.Name, contract.ErrInvalid)

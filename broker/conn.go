@@ -20,6 +20,7 @@ type childListener struct {
 	max       int
 	idle      time.Duration
 	allowFrom func() []netip.Prefix // read per connection: Update may change it
+	fromPID   func() (pid int, only bool)
 	onDrop    func(reason string, remote net.Addr)
 
 	mu     sync.Mutex
@@ -27,9 +28,9 @@ type childListener struct {
 	closed bool
 }
 
-func newChildListener(l net.Listener, lim Limits, allowFrom func() []netip.Prefix, onDrop func(string, net.Addr)) *childListener {
+func newChildListener(l net.Listener, lim Limits, allowFrom func() []netip.Prefix, fromPID func() (int, bool), onDrop func(string, net.Addr)) *childListener {
 	return &childListener{Listener: l, max: lim.MaxConns, idle: lim.IdleTimeout, allowFrom: allowFrom,
-		onDrop: onDrop, conns: map[*trackedConn]struct{}{}}
+		fromPID: fromPID, onDrop: onDrop, conns: map[*trackedConn]struct{}{}}
 }
 
 func (l *childListener) Accept() (net.Conn, error) {
@@ -42,6 +43,17 @@ func (l *childListener) Accept() (net.Conn, error) {
 			l.onDrop("source address not the machine's", c.RemoteAddr())
 			c.Close()
 			continue
+		}
+		if pid, only := l.fromPID(); only {
+			if ok, err := peerHeldBy(c, pid); !ok {
+				reason := "not from the machine's own QEMU"
+				if err != nil {
+					reason += ": " + err.Error()
+				}
+				l.onDrop(reason, c.RemoteAddr())
+				c.Close()
+				continue
+			}
 		}
 		l.mu.Lock()
 		if l.closed {

@@ -205,7 +205,7 @@ func NewProxy(ca *CA, child Child, opts Options) (*Proxy, error) {
 // Serve serves the child's proxy on l until Close, and closes l. It may
 // be called for more than one listener.
 func (p *Proxy) Serve(l net.Listener) error {
-	cl := newChildListener(l, p.opts.Limits, p.allowFrom, func(reason string, from net.Addr) {
+	cl := newChildListener(l, p.opts.Limits, p.allowFrom, p.fromPID, func(reason string, from net.Addr) {
 		p.log.WithFields(logrus.Fields{"from": from.String(), "reason": reason}).Warn("connection to a machine's proxy dropped")
 	})
 	p.mu.Lock()
@@ -223,6 +223,11 @@ func (p *Proxy) Serve(l net.Listener) error {
 }
 
 func (p *Proxy) allowFrom() []netip.Prefix { return p.cfg.Load().child.AllowFrom }
+
+func (p *Proxy) fromPID() (int, bool) {
+	c := p.cfg.Load().child
+	return c.PID, c.FromPID
+}
 
 // Update replaces the child's secrets, values, egress and AllowFrom
 // (a re-registration); its listeners stay. Requests already sent keep

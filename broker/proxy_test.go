@@ -466,3 +466,24 @@ func TestBrokerDownRefuses(t *testing.T) {
 		t.Errorf("a tunnel open when the proxy closed: read %v, want it closed", err)
 	}
 }
+
+// A machine on QEMU's user network reaches its proxy through the host's
+// loopback: only its own QEMU (process PID) is let in.
+func TestFromPIDLetsInOnlyThatProcess(t *testing.T) {
+	r := newRig(t)
+	mine, ph := r.child("mine", Addr{Network: "tcp", Address: "127.0.0.1:0"})
+	mine.PID, mine.FromPID = os.Getpid(), true
+	other, _ := r.child("other", Addr{Network: "tcp", Address: "127.0.0.1:0"})
+	other.PID, other.FromPID = os.Getppid(), true // not this process
+	addrMine, _ := r.serve(mine)
+	addrOther, _ := r.serve(other)
+	resp, body := do(t, r.guest(addrMine), "GET", r.api.urlAt(apiHost, "/"), map[string]string{"Authorization": bearer(ph)}, "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("from the machine's own process: status %d: %s", resp.StatusCode, body)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", r.api.urlAt(apiHost, "/"), nil)
+	if resp, err := r.guest(addrOther).Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("from another process: status %d, want the connection closed unanswered", resp.StatusCode)
+	}
+}
