@@ -81,50 +81,9 @@ type Part struct {
 type PartFunc func(ctx context.Context, env *Env) ([]*Part, error)
 
 // batchMark starts the lines that frame each part's output; no tool writes
-// it (ASCII record separator).
+// it (ASCII record separator). scripts/batch-head.sh prints it as
+// \036vmfork.
 const batchMark = "\x1evmfork"
-
-// batchHead is the start of every batch script. $R is the root of the
-// guest's files in the parts' paths: empty, except in tests that run the
-// scripts on the host. It reads the clock with shell
-// builtins only: /proc/timer_list's "now at N nsecs" (root only), else
-// /proc/uptime in hundredths. vmfork_step records the running part in
-// $VMFORK_STATUS so the host can tell which timed out.
-const batchHead = `# vmfork identity batch
-exec </dev/null
-R=${VMFORK_ROOT-}
-vmfork_input=${` + inputVar + `-}
-unset ` + inputVar + `
-vmfork_now() {
-	vmfork_ns=
-	{ read -r _ && read -r _ && read -r _ _ vmfork_ns _; } </proc/timer_list 2>/dev/null
-	case $vmfork_ns in
-	'' | *[!0-9]*)
-		read -r vmfork_up _ </proc/uptime
-		vmfork_ns=${vmfork_up%.*}${vmfork_up#*.}0000000
-		;;
-	esac
-}
-vmfork_run() {
-	vmfork_n=$1 vmfork_sub=$2
-	shift 2
-	printf '%s\n' "$vmfork_n" >"$VMFORK_STATUS" 2>/dev/null
-	printf '` + batchMark + ` part %s\n' "$vmfork_n"
-	printf '` + batchMark + ` part %s\n' "$vmfork_n" >&2
-	vmfork_now
-	vmfork_t0=$vmfork_ns
-	if [ "$vmfork_sub" = 0 ]; then
-		"vmfork_part_$vmfork_n" "$@"
-	else
-		("vmfork_part_$vmfork_n" "$@")
-	fi
-	vmfork_rc=$?
-	vmfork_now
-	printf '\n` + batchMark + ` end %s %s %s\n' "$vmfork_n" "$vmfork_rc" "$((vmfork_ns - vmfork_t0))"
-	case $vmfork_rc in 0 | ` + "100" + `) return 0 ;; esac
-	return 1
-}
-`
 
 // partEnd ends each part's function in a batch script.
 const partEnd = " # vmfork part end"
@@ -139,13 +98,15 @@ type batchItem struct {
 	last bool // the step's last part
 }
 
-// buildBatch returns the script and its arguments for items: a function per
-// part, then one vmfork_run per part. Arguments go through "$@" in groups
+// buildBatch returns the script and its arguments for items: the batch's
+// head (scripts/batch-head.sh), a function per part, then one vmfork_run per
+// part. Arguments go through "$@" in groups
 // (count, then the values), never into the script's text, so nothing in
 // them is ever parsed as shell.
 func buildBatch(items []batchItem, status string) (script string, args []string, input []byte) {
 	var b strings.Builder
 	b.WriteString(batchHead)
+	b.WriteByte('\n')
 	for i, it := range items {
 		fmt.Fprintf(&b, "vmfork_part_%d() {\n%s\n}%s\n", i+1, it.part.Script, partEnd)
 	}

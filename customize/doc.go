@@ -59,6 +59,16 @@
 // usual tools (ip, dmesg); a part exits 100 to say "nothing to do here",
 // with the reason on stdout.
 //
+// Every guest script of more than a line or two is a file of its own in
+// scripts/ (network-down.sh, hostname.sh, batch-head.sh, ...), embedded with
+// go:embed (guestscripts.go). Each opens with its contract: what it is for,
+// how it runs (a batch part in a subshell, an inline one, or a command of
+// its own), its arguments, environment and input, its output and exit
+// codes, and what it must not touch. The guest gets the script without
+// that comment. make shellcheck (part of make test) checks the files as
+// POSIX sh, for busybox ash and dash; TestGuestScripts checks that each is
+// used and has its contract.
+//
 // # Identity modes
 //
 // Fresh (the default) gives every child a new vmgenid, so the guest kernel

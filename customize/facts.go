@@ -55,16 +55,6 @@ type DHCPClient struct {
 	Comm string `json:"comm"`
 }
 
-// dhcpScanScript prints "PID NAME" for each DHCP client that runs: the scan
-// the network step's first part does when it has no facts (network.go).
-const dhcpScanScript = `for p in /proc/[0-9]*; do
-	[ -e "$p/exe" ] || continue
-	read -r c <"$p/comm" 2>/dev/null || continue
-	case $c in
-	dhclient | udhcpc | dhcpcd) printf '%s %s\n' "${p#/proc/}" "$c" ;;
-	esac
-done`
-
 // ReadFacts reads what a fork child's chain can know in advance from a
 // running guest; macs are the MACs its NIC may have. What it cannot read it
 // leaves unknown; the error says what that was.

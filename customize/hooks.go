@@ -33,32 +33,6 @@ func HooksStep(dir string) Step {
 	}}
 }
 
-// hooksScript runs the executable files in $1 whose names run-parts would
-// run, in byte order (the batch runs with LC_ALL=C, so globs sort so), with
-// the environment $2... exported. A hook's stdout is dropped; its stderr is
-// kept for the error of the one that fails, which ends the run: the script
-// then prints "NAME CODE RAN" and exits 102.
-const hooksScript = `dir=$1
-shift
-for kv in "$@"; do export "$kv"; done
-e=$VMFORK_STATUS.hook-err
-ran=
-for f in "$dir"/*; do
-	name=${f##*/}
-	case $name in '' | *[!A-Za-z0-9_-]*) continue ;; esac
-	if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
-	"$f" </dev/null >/dev/null 2>"$e"
-	rc=$?
-	if [ "$rc" -ne 0 ]; then
-		while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l" >&2; done <"$e"
-		printf '%s %s %s\n' "$name" "$rc" "$ran"
-		exit 102
-	fi
-	ran="$ran${ran:+, }$name"
-done
-if [ -z "$ran" ]; then echo "no hooks in $dir"; exit 100; fi
-printf 'ran %s\n' "$ran"`
-
 // hookFailure is the error of a failed hooksScript.
 func hookFailure(code int, out, stderr string) error {
 	f := strings.SplitN(strings.TrimSpace(lastLine(out)), " ", 3)
@@ -100,12 +74,6 @@ func hookEnv(env *Env) []string {
 		"VMFORK_MAC=" + orPlanned(env.Result.MAC, env.mac),
 	}
 }
-
-// listScript prints the names of the executable files in $1.
-const listScript = `[ -d "$1" ] || exit 0
-for f in "$1"/*; do
-	if [ -f "$f" ] && [ -x "$f" ]; then printf '%s\n' "${f##*/}"; fi
-done`
 
 func runHooks(ctx context.Context, env *Env, dir string, hookEnv []string) error {
 	out, err := shell(ctx, env.Agent, "list hooks in "+dir, listScript, dir)
@@ -171,15 +139,6 @@ func ScriptStep(name string, script []byte, args []string) Step {
 		return exitErr("script", st)
 	}}
 }
-
-// runScript runs the copied script $1 with the rest as its arguments and
-// removes it, whatever it exits with.
-const runScript = `f=$1
-shift
-chmod 700 "$f" && "$f" "$@"
-rc=$?
-rm -f "$f"
-exit $rc`
 
 // orPlanned is a fact of the result, or the value a step prepared for it
 // earlier in the same batch.

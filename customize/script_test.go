@@ -84,7 +84,7 @@ func TestReplaceHostScript(t *testing.T) {
 		if err := os.WriteFile(file, []byte(long.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, stderr, code := runShell(t, sh, replaceHostFunc+`replace_host "$@"`, file, "web", "web-2"); code != 0 {
+		if _, stderr, code := runShell(t, sh, replaceHostFunc+"\nreplace_host \"$@\"", file, "web", "web-2"); code != 0 {
 			t.Fatalf("%s: exit %d: %s", sh[0], code, stderr)
 		}
 		if b, _ := os.ReadFile(file); string(b) != awk(t, long.String()) {
@@ -95,7 +95,7 @@ func TestReplaceHostScript(t *testing.T) {
 		if err := os.WriteFile(file, []byte(hosts), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, stderr, code := runShell(t, sh, replaceHostFunc+`replace_host "$@"`, file, "web", "web-2"); code != 0 {
+		if _, stderr, code := runShell(t, sh, replaceHostFunc+"\nreplace_host \"$@\"", file, "web", "web-2"); code != 0 {
 			t.Fatalf("%s: exit %d: %s", sh[0], code, stderr)
 		}
 		if b, _ := os.ReadFile(file); string(b) != want {
@@ -106,7 +106,7 @@ func TestReplaceHostScript(t *testing.T) {
 		if err := os.Chtimes(file, before, before); err != nil {
 			t.Fatal(err)
 		}
-		if _, stderr, code := runShell(t, sh, replaceHostFunc+`replace_host "$@"`, file, "db", "db-2"); code != 0 {
+		if _, stderr, code := runShell(t, sh, replaceHostFunc+"\nreplace_host \"$@\"", file, "db", "db-2"); code != 0 {
 			t.Fatalf("%s: exit %d: %s", sh[0], code, stderr)
 		}
 		if st, _ := os.Stat(file); !st.ModTime().Equal(before) {

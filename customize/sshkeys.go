@@ -200,8 +200,8 @@ func SSHHostKeysStep() Step {
 	return Step{Name: StepSSHHostKeys, Timeout: sshTimeout, Parts: partsSSH}
 }
 
-// keyMark frames the files in the SSH part's input; it cannot occur in a
-// key file.
+// keyMark frames the files in the SSH part's input (scripts/ssh-keys.sh);
+// it cannot occur in a key file.
 const keyMark = "%vmfork%"
 
 func partsSSH(ctx context.Context, env *Env) ([]*Part, error) {
@@ -241,53 +241,3 @@ func partsSSH(ctx context.Context, env *Env) ([]*Part, error) {
 		return nil
 	}}}, nil
 }
-
-// sshScript writes the key files from its input in place, so that each keeps
-// its mode and owner (0600 for private keys, 0644 for public ones, as
-// ssh-keygen made them); a file that was missing is made 0600 (umask 077).
-// A running sshd is told as systemctl reload ssh would (Debian's
-// ExecReload: a config test, then SIGHUP to the main pid): SIGHUP makes sshd
-// re-execute itself and read the new keys, keeping open sessions. Without
-// its pid file, systemctl asks the service manager (ssh on Debian, sshd on
-// RHEL-family guests). A socket-activated sshd starts per connection and
-// reads the new keys anyway.
-//
-// The files come in $vmfork_input (see Part.Input), each as a line
-// "%vmfork% F PATH", its bytes, then a line "%vmfork% E", and are cut out of
-// it with parameter expansions: no read, no process.
-const sshScript = `umask 077
-m='` + keyMark + `' nl='
-' f= c= n=0
-rest=$vmfork_input
-while [ -n "$rest" ]; do
-	case $rest in
-	"$m F "*"$nl"*"$m E$nl"*) ;;
-	*)
-		echo "the SSH keys' input is cut short after $n files" >&2
-		exit 1
-		;;
-	esac
-	f=${rest%%"$nl"*} rest=${rest#*"$nl"}
-	f=${f#"$m F "}
-	c=${rest%%"$m E$nl"*} rest=${rest#*"$m E$nl"}
-	printf '%s' "$c" >"$R$f" || exit 1
-	n=$((n + 1))
-done
-pid= comm=
-if [ -r $R/run/sshd.pid ] && read -r pid <$R/run/sshd.pid && [ -n "$pid" ] && read -r comm <"$R/proc/$pid/comm" 2>/dev/null && [ "$comm" = sshd ]; then
-	kill -HUP "$pid" || exit 1
-	echo "sshd reloaded (SIGHUP to pid $pid)"
-elif [ -d $R/run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-	for u in ssh sshd; do
-		for d in $R/etc/systemd/system $R/run/systemd/system $R/lib/systemd/system $R/usr/lib/systemd/system; do
-			if [ -e "$d/$u.service" ]; then
-				systemctl try-reload-or-restart "$u.service" </dev/null >/dev/null || exit 1
-				echo "systemctl try-reload-or-restart $u.service"
-				exit 0
-			fi
-		done
-	done
-	echo "no running sshd"
-else
-	echo "no running sshd"
-fi`
