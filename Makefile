@@ -17,7 +17,7 @@ BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
 FAILPOINTS_BIN ?= $(CURDIR)/bin/vmfork-failpoints
 GO        ?= go
 
-.PHONY: fuzz all deps build guest guest-debian demo test unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
+.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
 
 all: build
 
@@ -47,6 +47,12 @@ vet:
 	$(GO) vet -tags bench ./cmd/vmfork
 	$(GO) vet -tags failpoints ./...
 	$(GO) vet -tags integration ./tests/...
+
+# The guest scripts the customize package embeds (customize/scripts/*.sh),
+# as POSIX sh: guests run them with busybox ash (the test guest) or dash.
+# Each file's contract holds the checks it turns off, with the reason.
+shellcheck: deps
+	shellcheck --shell=sh customize/scripts/*.sh
 
 # Unit tests boot nothing and need no QEMU.
 UNIT_FLAGS ?=
@@ -113,7 +119,7 @@ bench-scale: deps build guest
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
-test: deps vet unit fuzz ansible-unit integration
+test: deps vet shellcheck unit fuzz ansible-unit integration
 
 # The crash matrices (docs/RELIABILITY.md: TestCrashMatrix, and
 # TestCrashMatrixLibvirt on libvirtd) with every case run CRASH_RUNS times
