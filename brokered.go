@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmfork/vmfork/broker"
 	"github.com/vmfork/vmfork/contract"
+	"github.com/vmfork/vmfork/customize"
 )
 
 // Brokered secrets (contract's secrets:, package broker): a machine whose
@@ -161,6 +162,28 @@ func (mg *Manager) unbroker(ctx context.Context, m *Machine) {
 	if err := mg.Broker.Unregister(ctx, m.Name); err != nil {
 		mg.Log.WithField("machine", m.Name).WithError(err).Warn("could not unregister the machine from the secrets broker")
 	}
+}
+
+// contractSteps adds the guest's part of c's contract to its identity
+// chain: the inherited connections closed before its NIC comes up (a live
+// child only: one that boots has none), and its brokered secrets' files
+// and CA before its hooks run.
+func (mg *Manager) contractSteps(chain customize.Chain, c *Machine, live bool) (customize.Chain, error) {
+	if live && c.Contract.NetworkOf().Connections == contract.ConnReset {
+		chain = chain.InsertBefore(customize.StepNetwork, customize.ConnectionsStep())
+	}
+	if c.Broker != nil {
+		files, err := mg.guestSecretFiles(c)
+		if err != nil {
+			return chain, err
+		}
+		var stores []customize.TrustStore
+		for _, ts := range broker.TrustStores() {
+			stores = append(stores, customize.TrustStore{ID: ts.ID, File: ts.File, Update: ts.Update})
+		}
+		chain = chain.InsertBefore(customize.StepHooks, customize.SecretsStep(files, broker.GuestCAFile, stores))
+	}
+	return chain, nil
 }
 
 // guestSecretFiles are the files machine m's identity chain writes into

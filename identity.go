@@ -187,6 +187,9 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	if !live {
 		chain = customize.Booted(chain)
 	}
+	if chain, err = mg.contractSteps(chain, c, live); err != nil {
+		return nil, err
+	}
 	if opts.Edit != nil {
 		chain = opts.Edit(chain)
 	}

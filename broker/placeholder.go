@@ -167,6 +167,26 @@ var familyAliases = map[string]string{
 	"opensuse": "suse", "opensuse-leap": "suse", "opensuse-tumbleweed": "suse", "sles": "suse",
 }
 
+// NamedTrustStore is a TrustStore with the os-release ID it serves.
+type NamedTrustStore struct {
+	ID string
+	TrustStore
+}
+
+// TrustStores lists every os-release ID vmfork knows a trust store for
+// (aliases too), sorted by ID.
+func TrustStores() []NamedTrustStore {
+	var out []NamedTrustStore
+	for id, ts := range trustStores {
+		out = append(out, NamedTrustStore{id, ts})
+	}
+	for id, fam := range familyAliases {
+		out = append(out, NamedTrustStore{id, trustStores[fam]})
+	}
+	slices.SortFunc(out, func(a, b NamedTrustStore) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
 // TrustStoreOf returns the trust store of a guest whose os-release ID
 // (or one of its ID_LIKE words) is id; ok is false for a family vmfork
 // does not know, whose guests must be given the CA by hand.

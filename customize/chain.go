@@ -289,7 +289,10 @@ type Result struct {
 	Addresses []string `json:"addresses,omitempty"`
 	MachineID string   `json:"machine_id,omitempty"`
 	VMGenID   string   `json:"vmgenid,omitempty"`
-	ElapsedMS float64  `json:"elapsed_ms"`
+	// ConnectionsClosed is how many inherited TCP connections the
+	// connections step closed (contract.go).
+	ConnectionsClosed int     `json:"connections_closed,omitempty"`
+	ElapsedMS         float64 `json:"elapsed_ms"`
 	// GuestCommands is how many commands the chain ran in the guest, and
 	// OverheadMS the part of ElapsedMS no step's duration holds: the round
 	// trips and process starts of batched steps, whose durations are

@@ -43,6 +43,7 @@ var (
 	hooksScript     = guestScript("hooks.sh")
 	listScript      = guestScript("hooks-list.sh")
 	runScript       = guestScript("run-script.sh")
+	// contract.go has connectionsScript and secretsScript.
 )
 
 // guestScript returns the script in scripts/name without its contract and

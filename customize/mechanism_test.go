@@ -52,6 +52,8 @@ func newGuestTree(t *testing.T) *guestTree {
 		}
 	}
 	g.stub("ip", "")
+	// Never the host's ss: its -K would close the host's own connections.
+	g.stub("ss", "exit 127")
 	g.dir("/run")
 	g.dir("/proc")
 	return g
