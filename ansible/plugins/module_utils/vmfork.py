@@ -37,16 +37,6 @@ def dry_run_args(args, words=1):
     return args[:words] + ['--dry-run'] + args[words:]
 
 
-def planned(command, actions, **what):
-    """The plan check mode reports for a command that has no --dry-run
-    (stop, template pool: they check nothing beyond the name), in the shape
-    of the CLI's --dry-run --json."""
-    plan = dict(dry_run=True, command=command, changed=True)
-    plan.update(what)
-    plan['actions'] = actions
-    return plan
-
-
 def record_change(module, result, before, after):
     """Marks result changed when the module made (or, in check mode, would
     make) a change, after being the state it leads to (None: no change),

@@ -66,7 +66,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Runs C(vmfork boot --dry-run) or C(vmfork rm --dry-run), which check everything and change nothing.
+    details: Runs C(vmfork boot --dry-run), C(vmfork stop --dry-run) or C(vmfork rm --dry-run), which check everything as the real run does and change nothing.
   diff_mode:
     support: full
   platform:
@@ -115,7 +115,7 @@ plan:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec, dry_run_args, planned, record_change)
+    Vmfork, VmforkError, common_argument_spec, dry_run_args, record_change)
 
 
 def boot_args(p):
@@ -195,8 +195,7 @@ def main():
         elif want == 'stopped' and m['state'] != 'stopped':
             after = {'name': name, 'state': 'stopped'}
             if module.check_mode:
-                # stop has no --dry-run: it checks nothing beyond the name.
-                result['plan'] = planned('stop', ['shut machine %r down and keep its disk' % name], machines=[name])
+                result['plan'] = vm.run(dry_run_args(['stop'] + force + [name]))
             else:
                 result['machine'] = (vm.run(['stop'] + force + [name]) or [{}])[0]
         elif m and want == 'running':

@@ -44,7 +44,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Runs C(vmfork template save --dry-run) or C(vmfork template rm --dry-run); a pool resize is only reported.
+    details: Runs C(vmfork template save --dry-run), C(vmfork template pool --dry-run) or C(vmfork template rm --dry-run),
+      which check everything as the real run does and change nothing.
   diff_mode:
     support: full
   platform:
@@ -86,7 +87,7 @@ plan:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec, dry_run_args, planned, record_change)
+    Vmfork, VmforkError, common_argument_spec, dry_run_args, record_change)
 
 
 def summary(t):
@@ -134,12 +135,11 @@ def main():
                             % (name, t.get('source'), p['source']))
             if p['pool'] is not None and p['pool'] != t.get('pool_size'):
                 after = dict(summary(t), pool_size=p['pool'])
+                args = ['template', 'pool', name, str(p['pool'])]
                 if module.check_mode:
-                    result['plan'] = planned('template pool', ['resize the warm pool of template %r from %d to %d'
-                                                               % (name, t.get('pool_size', 0), p['pool'])],
-                                             template=name)
+                    result['plan'] = vm.run(dry_run_args(args, 2))
                 else:
-                    result['template'] = vm.run(['template', 'pool', name, str(p['pool'])])
+                    result['template'] = vm.run(args)
         record_change(module, result, summary(t), after)
     except VmforkError as e:
         vm.fail(e)

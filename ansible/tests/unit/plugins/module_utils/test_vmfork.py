@@ -9,7 +9,7 @@ __metaclass__ = type
 import unittest
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    dry_run_args, planned, record_change)
+    dry_run_args, record_change)
 
 
 class FakeModule:
@@ -21,11 +21,6 @@ class TestResultHelpers(unittest.TestCase):
     def test_dry_run_goes_after_the_command_words(self):
         self.assertEqual(dry_run_args(['fork', '--hostname', 'h', 'web']), ['fork', '--dry-run', '--hostname', 'h', 'web'])
         self.assertEqual(dry_run_args(['template', 'save', 'web', 'g'], 2), ['template', 'save', '--dry-run', 'web', 'g'])
-
-    def test_planned_has_the_cli_plan_shape(self):
-        self.assertEqual(planned('stop', ['shut it down'], machines=['web']),
-                         {'dry_run': True, 'command': 'stop', 'changed': True, 'machines': ['web'],
-                          'actions': ['shut it down']})
 
     def test_record_change(self):
         result = dict(changed=False)

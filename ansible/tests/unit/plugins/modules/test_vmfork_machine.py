@@ -60,6 +60,9 @@ class TestVmforkMachine(ModuleTestCase):
         res = self.ok(dict(name='web', state='stopped'), check=True)
         self.assertTrue(res['changed'])
         self.assertEqual(self.fake.machines['web']['state'], 'running')
+        # stop has a dry run of its own now: check mode runs it.
+        self.assertEqual(self.fake.calls[-1][:2], ['stop', '--dry-run'])
+        self.assertEqual(res['plan']['command'], 'stop')
         res = self.ok(dict(name='web', state='stopped'))
         self.assertTrue(res['changed'])
         self.assertEqual(res['machine']['state'], 'stopped')

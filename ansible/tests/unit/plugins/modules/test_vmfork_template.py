@@ -33,9 +33,12 @@ class TestVmforkTemplate(ModuleTestCase):
         res = self.ok(dict(name='golden', pool=4), check=True)
         self.assertTrue(res['changed'])
         self.assertEqual(self.fake.kept('golden')['pool_size'], 2)
+        # template pool has a dry run of its own now: check mode runs it.
+        self.assertEqual(self.fake.calls[-1][:3], ['template', 'pool', '--dry-run'])
+        self.assertEqual(res['plan']['command'], 'template pool')
         res = self.ok(dict(name='golden', pool=4))
         self.assertEqual(res['template']['pool_size'], 4)
-        self.assertEqual(self.fake.commands().count('template pool'), 1)
+        self.assertEqual(self.fake.commands().count('template pool'), 2)  # the dry run and the real one
         # No pool given: an existing template keeps its own.
         self.assertFalse(self.ok(dict(name='golden'))['changed'])
 

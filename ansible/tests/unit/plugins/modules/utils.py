@@ -147,6 +147,9 @@ class FakeVmfork:
         for n in pos:
             if n not in self.machines:
                 return 4, None, 'stop: machine %r: not found' % n
+            if '--dry-run' in flags:
+                return 0, dict(dry_run=True, command='stop', changed=True, machines=[n], source_pauses=False,
+                               actions=['shut machine "%s" down' % n]), None
             self.machines[n].update(state='stopped', pid=0)
             views.append(self.machines[n])
         return 0, views, None
@@ -224,6 +227,10 @@ class FakeVmfork:
         t = self.kept(pos[0])
         if not t:
             return 4, None, 'template %r: not found' % pos[0]
+        if '--dry-run' in flags:
+            return 0, dict(dry_run=True, command='template pool', changed=int(pos[1]) != t['pool_size'],
+                           template=pos[0], source_pauses=False,
+                           actions=['record template "%s"\'s pool size as %s' % (pos[0], pos[1])]), None
         t.update(pool_size=int(pos[1]), pooled=int(pos[1]))
         return 0, t, None
 
