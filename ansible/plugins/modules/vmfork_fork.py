@@ -21,6 +21,9 @@ description:
   - Idempotent by name. Children are I(names), or I(prefix)-1 to I(prefix)-I(count).
     Children that already exist are reported, not recreated; only missing ones are forked.
   - The identity results of each new child are returned step by step.
+  - With I(contract), new children get that fork contract, and children that exist already are
+    brought to it in place (C(vmfork contract NAME --set)); without it, new children inherit their
+    parent's contract (unless I(customize) has one) and existing ones are left as they are.
   - A fork where only some children came up fails the task with the CLI's exit code 3 and
     returns the children that did come up; they stay.
 options:
@@ -49,7 +52,29 @@ options:
     description:
       - An identity spec, as C(vmfork fork --customize) reads it (identity, hostname, network,
         skip, timeouts, steps, on_failure); a dict, or the path of a YAML or JSON file on the managed host.
-      - The other options override it.
+      - The other options override it, and I(contract) overrides its C(contract) section.
+    type: raw
+  contract:
+    description:
+      - The fork contract of the children (C(vmfork fork --contract)), enforced by the host where the guest
+        cannot undo it; a dict, or the path of a YAML or JSON file (JSON if its name ends in C(.json)) on the
+        managed host. When unset, new children get the C(contract) section of I(customize), or else inherit
+        their parent's (or their kept template's) contract, and existing children are left as they are.
+      - C(network.egress) is C(all), C(none) or a dict with C(allow), a list of destinations, each C(HOST:PORT),
+        C(CIDR:PORT) or C(CIDR) (PORT may be C(*)). C(network.dns) is C(host) (the default) or C(none).
+        C(network.connections) is C(reset) (the default; the connections a child inherits from its parent are
+        closed in the child) or C(keep).
+      - C(secrets) maps a name to a dict of C(hosts), C(header), C(format) and C(value_from). The guest holds a
+        placeholder, and the host puts the value (from C(value_from.exec), C(value_from.env) or C(value_from.file)
+        on the host) in the C(header) (default C(Authorization)) of requests to C(hosts) only, as C(format) says
+        (default C({value}), for example C(Bearer {value})).
+      - A child that exists with another contract has its network part changed in place (C(changed)).
+        Secrets cannot change in place (the guest holds their placeholders already), so a difference there
+        fails the task with vmfork's message; fork new children with the new contract instead.
+      - Contracts are compared as vmfork records them, with its defaults filled in, so a second run with the
+        same contract changes nothing. A YAML file is read with PyYAML on the managed host for that
+        comparison, when children exist already.
+      - See C(vmfork contract --help) and vmfork's docs/SECURITY.md.
     type: raw
   identity:
     description: C(fresh) gives each child a new vmgenid, clock and RNG state; C(reproducible) keeps the template's.
@@ -90,7 +115,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Runs C(vmfork fork --dry-run) for the missing children; it checks everything as the real fork does and changes nothing.
+    details:
+      - Runs C(vmfork fork --dry-run) for the missing children, and C(vmfork contract NAME --set FILE --dry-run)
+        for existing children whose contract differs; they check everything as the real run does and change nothing.
   diff_mode:
     support: full
   platform:
@@ -128,6 +155,40 @@ EXAMPLES = r'''
       hostname: "vdi-{n}"
       timeouts:
         vmfork.agent: 30s
+
+- name: Children that reach nothing; their inherited connections are reset
+  vmfork.vmfork.vmfork_fork:
+    parent: golden
+    count: 4
+    prefix: sandbox
+    contract:
+      network:
+        egress: none
+
+- name: Children that reach only the API and the package mirror, with a token the guests never hold
+  vmfork.vmfork.vmfork_fork:
+    parent: golden
+    count: 2
+    prefix: agent
+    contract:
+      network:
+        egress:
+          allow: ["api.example.com:443", "10.0.5.0/24:3142"]
+        dns: host
+      secrets:
+        API_TOKEN:
+          hosts: [api.example.com]
+          header: Authorization
+          format: "Bearer {value}"
+          value_from:
+            exec: /usr/local/bin/mint-token   # run on the host for each child (VMFORK_NAME, VMFORK_INDEX)
+
+- name: The same contract from a file on the managed host
+  vmfork.vmfork.vmfork_fork:
+    parent: golden
+    count: 2
+    prefix: agent
+    contract: /etc/vmfork/agent-contract.yaml
 '''
 
 RETURN = r'''
@@ -145,6 +206,8 @@ children:
     hostname: {description: Its hostname., type: str}
     addresses: {description: Its addresses in CIDR form., type: list, elements: str}
     template: {description: The template it was forked from., type: str}
+    contract: {description: "Its fork contract as vmfork records it (defaults filled in); absent when it has none.", type: dict}
+    contract_changed: {description: "Whether this task changed (in check mode, would change) the contract of a child that existed, in place.", type: bool}
     pause_ms: {description: How long the parent paused for the fork that made it (0 from a kept template)., type: float}
     running_ms: {description: From the start of its creation until its vCPUs ran., type: float}
     ready_ms: {description: From the start of its creation until its identity was set., type: float}
@@ -164,21 +227,27 @@ forks:
   returned: when children were forked
   type: list
   elements: dict
+contracts:
+  description: The JSON of each C(vmfork contract NAME --set) run on an existing child (name, state, contract, rules).
+  returned: when existing children's contracts were changed
+  type: list
+  elements: dict
+  sample: [{"name": "web-1", "state": "running", "contract": {"network": {"egress": "none", "dns": "host",
+            "connections": "reset"}}, "rules": []}]
 plans:
-  description: In check mode, what each fork would do (C(vmfork fork --dry-run --json)).
-  returned: in check mode, when children are missing
+  description:
+    - In check mode, what each vmfork command would do (its C(--dry-run --json)); C(command) says which,
+      C(fork) for the missing children, C(contract) for each existing child whose contract would change.
+  returned: in check mode, when children are missing or a contract would change
   type: list
   elements: dict
 '''
 
-import json
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    EXIT_PARTIAL, Vmfork, VmforkError, common_argument_spec, dry_run_args)
+    EXIT_PARTIAL, Vmfork, VmforkError, common_argument_spec, converge_contract, dry_run_args, load_spec,
+    normalize_contract, spec_file, spec_option_error)
 
 
 def wanted(p):
@@ -203,12 +272,14 @@ def batches(p, missing):
     return [([n for n, dummy in missing], p['hostname'])]
 
 
-def fork_args(p, names, hostname, spec_file):
+def fork_args(p, names, hostname, customize_file, contract_file):
     args = ['fork']
     if hostname:
         args += ['--hostname', hostname]
-    if spec_file:
-        args += ['--customize', spec_file]
+    if customize_file:
+        args += ['--customize', customize_file]
+    if contract_file:
+        args += ['--contract', contract_file]
     for opt in ('identity', 'network', 'parallel', 'max_children', 'on_identity_failure'):
         if p[opt] is not None:
             args += ['--%s' % opt.replace('_', '-'), str(p[opt])]
@@ -220,9 +291,10 @@ def fork_args(p, names, hostname, spec_file):
 
 
 def view_of_existing(m):
-    keys = ('name', 'state', 'pid', 'mac', 'hostname', 'addresses', 'parent', 'template')
+    keys = ('name', 'state', 'pid', 'mac', 'hostname', 'addresses', 'parent', 'template', 'contract')
     v = dict((k, m.get(k)) for k in keys if k in m)
     v['created'] = False
+    v['contract_changed'] = False
     return v
 
 
@@ -231,7 +303,7 @@ def view_of_new(child, fork):
     return dict(name=child['name'], created=True, state=child.get('state'), pid=child.get('pid'),
                 mac=ident.get('mac'), hostname=ident.get('hostname'), addresses=ident.get('addresses') or [],
                 template=fork.get('template'), pause_ms=fork.get('pause_ms'), running_ms=child.get('running_ms'),
-                ready_ms=child.get('ready_ms'), identity=ident, ports=child.get('ports') or [])
+                ready_ms=child.get('ready_ms'), identity=ident, ports=child.get('ports') or [], contract_changed=False)
 
 
 def belongs(m, parent, kept_id):
@@ -247,6 +319,7 @@ def main():
         prefix=dict(type='str'),
         hostname=dict(type='str'),
         customize=dict(type='raw'),
+        contract=dict(type='raw'),
         identity=dict(type='str', choices=['fresh', 'reproducible']),
         network=dict(type='str', choices=['dhcp', 'static', 'none']),
         addresses=dict(type='list', elements='str'),
@@ -263,12 +336,14 @@ def main():
         module.fail_json(msg='count must be at least 1, got %d' % p['count'])
     if p['names'] is not None and not p['names']:
         module.fail_json(msg='names must list at least one child')
-    if p['customize'] is not None and not isinstance(p['customize'], (dict, str)):
-        module.fail_json(msg='customize must be a dict or the path of a spec file')
+    for opt in ('customize', 'contract'):
+        if spec_option_error(opt, p[opt]):
+            module.fail_json(msg=spec_option_error(opt, p[opt]))
+        if p[opt] == '':
+            p[opt] = None  # as when unset, so that a template may say "{{ x | default('') }}"
     vm = Vmfork(module)
     want = wanted(p)
     result = dict(changed=False, children=[])
-    spec_file = None
     try:
         machines = vm.machines()
         kept = None if p['parent'] in machines else vm.kept(p['parent'])
@@ -280,39 +355,15 @@ def main():
                                      % (n, p['parent'], machines[n].get('parent')), rc=2)
         missing = [(n, i) for n, i in want if n not in machines]
         views = dict((n, view_of_existing(machines[n])) for n, dummy in existing)
-        if isinstance(p['customize'], dict):
-            fd, spec_file = tempfile.mkstemp(prefix='vmfork-customize-', suffix='.json')
-            with os.fdopen(fd, 'w') as f:
-                json.dump(p['customize'], f)
-        elif p['customize']:
-            spec_file = p['customize']
-        if missing:
-            result['changed'] = True
-            key = 'plans' if module.check_mode else 'forks'
-            result[key] = []
-            for names, hostname in batches(p, missing):
-                args = fork_args(p, names, hostname, spec_file)
-                if module.check_mode:
-                    plan = vm.run(dry_run_args(args))
-                    result[key].append(plan)
-                    for c in plan.get('children') or []:
-                        views[c['name']] = dict(name=c['name'], created=True, hostname=c.get('hostname'),
-                                                state='planned')
-                    continue
-                try:
-                    fork = vm.run(args)
-                except VmforkError as e:
-                    fork = e.result if isinstance(e.result, dict) else {}
-                    for c in fork.get('children') or []:
-                        views[c['name']] = view_of_new(c, fork)
-                    result['children'] = [views[n] for n, dummy in want if n in views]
-                    result['failed_children'] = fork.get('failed') or []
-                    result['forks'].append(fork)
-                    result['changed'] = bool(fork.get('children')) or bool(result['forks'][:-1])
-                    raise
-                result[key].append(fork)
-                for c in fork.get('children') or []:
-                    views[c['name']] = view_of_new(c, fork)
+        # Read only when it is compared: a YAML file needs PyYAML here.
+        want_contract = load_spec(module, p['contract'], 'contract') if existing else None
+        with spec_file(p['customize'], 'customize') as customize_file:
+            with spec_file(p['contract'], 'contract') as contract_file:
+                if p['contract'] is not None:
+                    converge(module, vm, result, views, [machines[n] for n, dummy in existing], want_contract,
+                             contract_file)
+                if missing:
+                    fork(module, vm, p, result, views, want, missing, customize_file, contract_file)
         if p['wait_agent'] and not module.check_mode:
             for n, dummy in existing:
                 vm.run(['exec', n, '--', 'true'])
@@ -320,16 +371,76 @@ def main():
         if module._diff:
             result['diff'] = dict(before={'children': [n for n, dummy in existing]},
                                   after={'children': [n for n, dummy in want]})
+            changed = [n for n, dummy in existing if views[n]['contract_changed']]
+            if changed:
+                result['diff']['before']['contracts'] = dict(
+                    (n, normalize_contract(machines[n].get('contract'))) for n in changed)
+                result['diff']['after']['contracts'] = dict((n, normalize_contract(want_contract)) for n in changed)
     except VmforkError as e:
-        extra = dict((k, result[k]) for k in ('children', 'failed_children', 'forks') if k in result)
+        extra = dict((k, result[k]) for k in ('children', 'failed_children', 'forks', 'contracts') if k in result)
         extra['changed'] = result['changed']
         if e.rc == EXIT_PARTIAL:
             extra['msg_detail'] = 'only some children came up; those stay and are listed in children'
         vm.fail(e, **extra)
-    finally:
-        if spec_file and isinstance(p['customize'], dict):
-            os.remove(spec_file)
     module.exit_json(**result)
+
+
+def converge(module, vm, result, views, machines, want_contract, contract_file):
+    """Brings existing children to contract want_contract in place (its
+    network part; vmfork refuses a change of secrets)."""
+    for m in machines:
+        out = converge_contract(vm, m, want_contract, contract_file)
+        if out is None:
+            continue
+        result['changed'] = True
+        view = views[m['name']]
+        view['contract_changed'] = True
+        if module.check_mode:
+            result.setdefault('plans', []).append(out)
+            view['contract'] = normalize_contract(want_contract)
+        else:
+            result.setdefault('contracts', []).append(out)
+            view['contract'] = out.get('contract')
+
+
+def fork(module, vm, p, result, views, want, missing, customize_file, contract_file):
+    """Forks the missing children (in check mode, plans it)."""
+    key = 'plans' if module.check_mode else 'forks'
+    result.setdefault(key, [])
+    for names, hostname in batches(p, missing):
+        args = fork_args(p, names, hostname, customize_file, contract_file)
+        if module.check_mode:
+            plan = vm.run(dry_run_args(args))
+            result['changed'] = True  # not before: a dry run that fails changes nothing
+            result[key].append(plan)
+            for c in plan.get('children') or []:
+                views[c['name']] = dict(name=c['name'], created=True, hostname=c.get('hostname'), state='planned',
+                                        contract_changed=False)
+                if plan.get('contract') is not None:
+                    views[c['name']]['contract'] = plan['contract']
+            continue
+        try:
+            out = vm.run(args)
+        except VmforkError as e:
+            out = e.result if isinstance(e.result, dict) else {}
+            for c in out.get('children') or []:
+                views[c['name']] = view_of_new(c, out)
+            result['children'] = [views[n] for n, dummy in want if n in views]
+            result['failed_children'] = out.get('failed') or []
+            result['forks'].append(out)
+            result['changed'] = bool(out.get('children')) or bool(result['forks'][:-1]) or bool(result.get('contracts'))
+            raise
+        result['changed'] = True
+        result[key].append(out)
+        for c in out.get('children') or []:
+            views[c['name']] = view_of_new(c, out)
+    if not module.check_mode:
+        # fork's JSON does not say which contract a child got (its own, or
+        # the one it inherited): ls does.
+        now = vm.machines()
+        for n, dummy in missing:
+            if n in views and (now.get(n) or {}).get('contract') is not None:
+                views[n]['contract'] = now[n]['contract']
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ description:
   - Boots a machine from a kernel (with an initrd) or a disk image, or both, with C(vmfork boot);
     stops it with C(vmfork stop) or removes it with C(vmfork rm).
   - Idempotent by name. A machine that exists is left as it is; its spec is not compared
-    (a warning says when memory or CPUs differ).
+    (a warning says when memory or CPUs differ). Its fork contract is, see I(contract).
   - A machine booted here can be forked with M(vmfork.vmfork.vmfork_fork).
 options:
   name:
@@ -60,13 +60,27 @@ options:
     description: With C(stopped), kill QEMU at once; with C(absent), remove even when the process cannot be stopped.
     type: bool
     default: false
+  contract:
+    description:
+      - The machine's fork contract (C(vmfork boot --contract)), which its children inherit unless their fork
+        names another; a dict, or the path of a YAML or JSON file (JSON if its name ends in C(.json)) on the
+        managed host. The keys are those of M(vmfork.vmfork.vmfork_fork)'s I(contract) (C(network) with
+        C(egress), C(dns) and C(connections); C(secrets)).
+      - With C(state=running), a machine that runs with another contract has its network part changed in place
+        (C(vmfork contract NAME --set); C(changed)). Secrets cannot change in place, so a difference there fails
+        the task with vmfork's message. Contracts are compared as vmfork records them, with its defaults
+        filled in (a YAML file is read with PyYAML on the managed host for that).
+      - When unset, an existing machine's contract is left as it is.
+    type: raw
 extends_documentation_fragment:
   - action_common_attributes
   - vmfork.vmfork.vmfork
 attributes:
   check_mode:
     support: full
-    details: Runs C(vmfork boot --dry-run), C(vmfork stop --dry-run) or C(vmfork rm --dry-run), which check everything as the real run does and change nothing.
+    details:
+      - Runs C(vmfork boot --dry-run), C(vmfork stop --dry-run), C(vmfork rm --dry-run) or
+        C(vmfork contract NAME --set FILE --dry-run), which check everything as the real run does and change nothing.
   diff_mode:
     support: full
   platform:
@@ -91,6 +105,31 @@ EXAMPLES = r'''
     cpus: 2
     uri: qemu:///system
 
+- name: A parent whose children reach only the package mirror, with a token they never hold
+  vmfork.vmfork.vmfork_machine:
+    name: builder
+    disk: /srv/images/debian.qcow2
+    contract:
+      network:
+        egress:
+          allow: ["deb.debian.org:443", "10.0.5.0/24:3142"]
+      secrets:
+        REGISTRY_TOKEN:
+          hosts: [registry.example.com]
+          format: "Bearer {value}"
+          value_from: {file: /etc/vmfork/registry-token}
+
+- name: Cut a running machine off the network, in place
+  vmfork.vmfork.vmfork_machine:
+    name: builder
+    contract:
+      network: {egress: none}
+      secrets:
+        REGISTRY_TOKEN:
+          hosts: [registry.example.com]
+          format: "Bearer {value}"
+          value_from: {file: /etc/vmfork/registry-token}
+
 - name: Remove it with everything it owns
   vmfork.vmfork.vmfork_machine:
     name: web
@@ -103,7 +142,14 @@ machine:
   returned: always
   type: dict
   sample: {"name": "web", "state": "running", "driver": "qemu", "pid": 4242, "memory_mib": 256, "cpus": 1,
-           "mac": "52:54:00:d7:9b:6b", "ports": [], "disk": "/var/lib/vmfork/machines/web/disk.qcow2"}
+           "mac": "52:54:00:d7:9b:6b", "ports": [], "disk": "/var/lib/vmfork/machines/web/disk.qcow2",
+           "contract": {"network": {"egress": "none", "dns": "host", "connections": "reset"}}}
+contract:
+  description: What C(vmfork contract NAME --set) said when this task changed the machine's contract in place.
+  returned: when the contract was changed
+  type: dict
+  sample: {"name": "web", "state": "running", "contract": {"network": {"egress": "none", "dns": "host",
+           "connections": "reset"}}, "rules": []}
 plan:
   description: In check mode, what vmfork would do (C(--dry-run --json)).
   returned: when check mode made a change
@@ -115,11 +161,14 @@ plan:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec, dry_run_args, record_change)
+    Vmfork, VmforkError, common_argument_spec, converge_contract, dry_run_args, load_spec, normalize_contract,
+    record_change, spec_file, spec_option_error)
 
 
-def boot_args(p):
+def boot_args(p, contract_file):
     args = []
+    if contract_file:
+        args += ['--contract', contract_file]
     for opt in ('kernel', 'initrd', 'append', 'disk', 'memory'):
         if p.get(opt):
             args += ['--%s' % opt, p[opt]]
@@ -147,8 +196,14 @@ def mib(size):
         return None
 
 
-def state_of(m):
-    return {'name': m['name'], 'state': m['state']} if m else {'state': 'absent'}
+def state_of(m, contract=None):
+    """The diff's view of machine m, with its contract when the task gives one."""
+    if not m:
+        return {'state': 'absent'}
+    v = {'name': m['name'], 'state': m['state']}
+    if contract is not None:
+        v['contract'] = normalize_contract(m.get('contract'))
+    return v
 
 
 def main():
@@ -164,49 +219,83 @@ def main():
         cpus=dict(type='int', default=1),
         ports=dict(type='list', elements='str', default=[]),
         force=dict(type='bool', default=False),
+        contract=dict(type='raw'),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     p = module.params
+    if spec_option_error('contract', p['contract']):
+        module.fail_json(msg=spec_option_error('contract', p['contract']))
+    if p['contract'] == '':
+        p['contract'] = None
     vm = Vmfork(module)
     name, want = p['name'], p['state']
     force = ['--force'] if p['force'] else []
     try:
         m = vm.machines().get(name)
         result = dict(changed=False, machine=m or {})
-        after = None
-        if want == 'absent' and m:
-            after = {'state': 'absent'}
-            if module.check_mode:
-                result['plan'] = vm.run(dry_run_args(['rm', name]))
-            else:
-                vm.run(['rm'] + force + [name])
-            result['machine'] = {}
-        elif want == 'running' and not m:
-            after = {'name': name, 'state': 'running'}
-            if module.check_mode:
-                result['plan'] = vm.run(dry_run_args(['boot'] + boot_args(p)))
-            else:
-                result['machine'] = vm.run(['boot'] + boot_args(p))
-        elif want == 'running' and m['state'] == 'stopped':
-            module.fail_json(msg='machine %r is stopped and vmfork has no start command: '
-                                 'remove it (state: absent) and boot it again' % name, machine=m)
-        elif want == 'stopped' and not m:
-            module.fail_json(msg='machine %r does not exist: nothing to stop' % name, rc=4)
-        elif want == 'stopped' and m['state'] != 'stopped':
-            after = {'name': name, 'state': 'stopped'}
-            if module.check_mode:
-                result['plan'] = vm.run(dry_run_args(['stop'] + force + [name]))
-            else:
-                result['machine'] = (vm.run(['stop'] + force + [name]) or [{}])[0]
-        elif m and want == 'running':
-            for key, value in (('memory_mib', mib(p['memory'])), ('cpus', p['cpus'])):
-                if value is not None and m.get(key) != value:
-                    module.warn('machine %r exists with %s=%s, not %s; it is left as it is'
-                                % (name, key, m.get(key), value))
-        record_change(module, result, state_of(m), after)
+        with spec_file(p['contract'], 'contract') as contract_file:
+            before, after = state_of(m, p['contract']), apply(module, vm, m, contract_file, result)
+        record_change(module, result, before, after)
     except VmforkError as e:
         vm.fail(e)
     module.exit_json(**result)
+
+
+def apply(module, vm, m, contract_file, result):
+    """Brings machine m (None: absent) to the task's state; returns the
+    diff's view of what it leads to, or None when nothing changes."""
+    p = module.params
+    name, want = p['name'], p['state']
+    force = ['--force'] if p['force'] else []
+    if want == 'absent' and m:
+        if module.check_mode:
+            result['plan'] = vm.run(dry_run_args(['rm', name]))
+        else:
+            vm.run(['rm'] + force + [name])
+        result['machine'] = {}
+        return {'state': 'absent'}
+    if want == 'running' and not m:
+        if module.check_mode:
+            result['plan'] = vm.run(dry_run_args(['boot'] + boot_args(p, contract_file)))
+        else:
+            result['machine'] = vm.run(['boot'] + boot_args(p, contract_file))
+        return {'name': name, 'state': 'running'}
+    if want == 'running' and m['state'] == 'stopped':
+        module.fail_json(msg='machine %r is stopped and vmfork has no start command: '
+                             'remove it (state: absent) and boot it again' % name, machine=m)
+    if want == 'stopped' and not m:
+        module.fail_json(msg='machine %r does not exist: nothing to stop' % name, rc=4)
+    if want == 'stopped' and m['state'] != 'stopped':
+        if module.check_mode:
+            result['plan'] = vm.run(dry_run_args(['stop'] + force + [name]))
+        else:
+            result['machine'] = (vm.run(['stop'] + force + [name]) or [{}])[0]
+        return dict(state_of(m, p['contract']), state='stopped')
+    if m and want == 'running':
+        for key, value in (('memory_mib', mib(p['memory'])), ('cpus', p['cpus'])):
+            if value is not None and m.get(key) != value:
+                module.warn('machine %r exists with %s=%s, not %s; it is left as it is'
+                            % (name, key, m.get(key), value))
+        if p['contract'] is not None:
+            return converge(module, vm, m, contract_file, result)
+    return None
+
+
+def converge(module, vm, m, contract_file, result):
+    """Changes running machine m's contract in place when it is not the
+    task's (vmfork refuses a change of its secrets)."""
+    want = load_spec(module, module.params['contract'], 'contract')
+    out = converge_contract(vm, m, want, contract_file)
+    if out is None:
+        return None
+    if module.check_mode:
+        result['plan'] = out
+    else:
+        result['contract'] = out
+        result['machine'] = dict((k, v) for k, v in m.items() if k != 'contract')
+        if out.get('contract') is not None:
+            result['machine']['contract'] = out['contract']
+    return dict(state_of(m), contract=normalize_contract(want))
 
 
 if __name__ == '__main__':

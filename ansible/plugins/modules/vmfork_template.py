@@ -22,6 +22,7 @@ description:
   - C(absent) gives the template up (C(vmfork template rm)); its memory goes once no child maps it.
   - Idempotent by name. A kept instant is never saved again; to take a new one, remove the
     template first.
+  - With I(contract), the template gives its children that fork contract (unless their fork names another).
 options:
   name:
     description: The template's name; it shares the namespace of machine names.
@@ -33,6 +34,16 @@ options:
   pool:
     description: Processes to keep started ahead (0 to 64). When unset, a new template has none and an existing one keeps its pool.
     type: int
+  contract:
+    description:
+      - The fork contract the template's children get (C(vmfork template save --contract)) unless their fork
+        names another; a dict, or the path of a YAML or JSON file (JSON if its name ends in C(.json)) on the
+        managed host. The keys are those of M(vmfork.vmfork.vmfork_fork)'s I(contract). When unset, the
+        template keeps I(source)'s contract.
+      - A kept template's contract does not change. When the template exists with another contract (compared
+        as vmfork records them, with its defaults filled in, from C(vmfork tree NAME --json)), the task fails
+        and changes nothing. Remove the template and save it again, or give the forks their own contract.
+    type: raw
   state:
     description: Whether the template is kept.
     type: str
@@ -61,6 +72,15 @@ EXAMPLES = r'''
     source: web
     pool: 4
 
+- name: A template whose children reach only the internal API
+  vmfork.vmfork.vmfork_template:
+    name: sandbox
+    source: web
+    contract:
+      network:
+        egress:
+          allow: ["api.internal:443"]
+
 - name: Give it up
   vmfork.vmfork.vmfork_template:
     name: golden
@@ -84,16 +104,43 @@ plan:
   type: dict
 '''
 
+import json
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec, dry_run_args, record_change)
+    Vmfork, VmforkError, common_argument_spec, dry_run_args, load_spec, normalize_contract, record_change,
+    spec_file, spec_option_error)
 
 
 def summary(t):
     if not t:
         return {'state': 'absent'}
     return {'name': t['name'], 'source': t.get('source'), 'pool_size': t.get('pool_size', 0)}
+
+
+def tree_node(tree, name):
+    """Kept template name's node in vmfork tree --json, or None."""
+    nodes = list(tree.get('roots') or [])
+    while nodes:
+        n = nodes.pop()
+        if n.get('kind') == 'template' and n.get('kept_as') == name:
+            return n
+        nodes.extend(n.get('children') or [])
+    return None
+
+
+def check_contract(module, vm, name):
+    """Fails when kept template name gives its children another contract
+    than the task's: a template's contract never changes."""
+    want = normalize_contract(load_spec(module, module.params['contract'], 'contract'))
+    node = tree_node(vm.run(['tree', name]) or {}, name) or {}
+    have = normalize_contract(node.get('contract'))
+    if have != want:
+        module.fail_json(msg='template %r gives its children another contract (%s), and a kept template\'s contract '
+                             'does not change: remove it (state: absent) and save it again, or give the forks '
+                             'their own contract' % (name, json.dumps(have, sort_keys=True)),
+                         contract=have, wanted_contract=want)
 
 
 def main():
@@ -103,9 +150,14 @@ def main():
         source=dict(type='str'),
         pool=dict(type='int'),
         state=dict(type='str', default='present', choices=['present', 'absent']),
+        contract=dict(type='raw'),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     p = module.params
+    if spec_option_error('contract', p['contract']):
+        module.fail_json(msg=spec_option_error('contract', p['contract']))
+    if p['contract'] == '':
+        p['contract'] = None
     vm = Vmfork(module)
     name = p['name']
     try:
@@ -123,13 +175,19 @@ def main():
         elif not t:
             if not p['source']:
                 module.fail_json(msg='template %r is not kept: source is required to save it' % name)
-            args = ['template', 'save', '--pool', str(p['pool'] or 0), p['source'], name]
             after = {'name': name, 'source': p['source'], 'pool_size': p['pool'] or 0}
-            if module.check_mode:
-                result['plan'] = vm.run(dry_run_args(args, 2))
-            else:
-                result['template'] = vm.run(args)
+            with spec_file(p['contract'], 'contract') as contract_file:
+                args = ['template', 'save', '--pool', str(p['pool'] or 0)]
+                if contract_file:
+                    args += ['--contract', contract_file]
+                args += [p['source'], name]
+                if module.check_mode:
+                    result['plan'] = vm.run(dry_run_args(args, 2))
+                else:
+                    result['template'] = vm.run(args)
         else:
+            if p['contract'] is not None:
+                check_contract(module, vm, name)
             if p['source'] and t.get('source') != p['source']:
                 module.warn('template %r keeps an instant of %r, not %r; remove it first to keep a new one'
                             % (name, t.get('source'), p['source']))

@@ -6,10 +6,18 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import json
+import os
+import shutil
+import tempfile
 import unittest
 
 from ansible_collections.vmfork.vmfork.plugins.modules import vmfork_fork
 from ansible_collections.vmfork.vmfork.tests.unit.plugins.modules.utils import ModuleTestCase
+
+NO_EGRESS = {'network': {'egress': 'none'}}
+RECORDED_NO_EGRESS = {'network': {'egress': 'none', 'dns': 'host', 'connections': 'reset'}}
+TOKEN = {'hosts': ['API.example.com'], 'format': 'Bearer {value}', 'value_from': {'exec': '/bin/mint'}}
 
 
 class TestVmforkFork(ModuleTestCase):
@@ -82,10 +90,11 @@ class TestVmforkFork(ModuleTestCase):
         self.assertTrue(res['changed'])
 
     def test_unknown_parent_fails_with_the_cli_error(self):
-        res = self.failed(dict(parent='nope', count=1))
-        self.assertEqual(res['rc'], 4)
-        self.assertEqual(res['msg'], "fork: machine 'nope': not found")
-        self.assertFalse(res['changed'])
+        for check in (False, True):
+            res = self.failed(dict(parent='nope', count=1), check=check)
+            self.assertEqual(res['rc'], 4)
+            self.assertEqual(res['msg'], "fork: machine 'nope': not found")
+            self.assertFalse(res['changed'])
 
     def test_bad_arguments_fail_with_ansible_messages(self):
         res = self.failed(dict(parent='web', names=['a'], count=2))
@@ -128,6 +137,152 @@ class TestVmforkFork(ModuleTestCase):
         self.assertIn('--customize', fork)
         self.assertEqual(self.fake.globals[:6], ['--state-dir', '/srv/vmfork', '--connect', 'qemu:///system',
                                                  '--timeout', '30s'])
+
+
+class TestVmforkForkContract(ModuleTestCase):
+    module = vmfork_fork
+
+    def setUp(self):
+        super(TestVmforkForkContract, self).setUp()
+        self.fake.add_machine('web')
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+
+    def calls(self, word):
+        return [c for c in self.fake.calls if c[0] == word]
+
+    def test_a_dict_goes_to_the_fork_as_a_temp_file_removed_afterwards(self):
+        res = self.ok(dict(parent='web', count=2, contract=NO_EGRESS))
+        fork = self.calls('fork')[0]
+        path = fork[fork.index('--contract') + 1]
+        self.assertEqual(self.fake.contract_files, [(path, NO_EGRESS)])
+        self.assertTrue(os.path.basename(path).startswith('vmfork-contract-'))
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual([c['contract'] for c in res['children']], [RECORDED_NO_EGRESS] * 2)
+        self.assertEqual(self.fake.machines['web-1']['contract'], RECORDED_NO_EGRESS)
+
+    def test_the_temp_file_is_removed_when_the_fork_fails(self):
+        self.fake.fail_children = {'web-1'}
+        self.failed(dict(parent='web', count=1, contract=NO_EGRESS))
+        path = self.fake.contract_files[0][0]
+        self.assertFalse(os.path.exists(path))
+
+    def test_a_path_is_passed_as_it_is(self):
+        for name, text in (('c.yaml', 'network:\n  egress: none\n'), ('c.json', json.dumps(NO_EGRESS))):
+            path = os.path.join(self.dir, name)
+            with open(path, 'w') as f:
+                f.write(text)
+            res = self.ok(dict(parent='web', names=['child-' + name[2:]], contract=path))
+            fork = self.calls('fork')[-1]
+            self.assertEqual(fork[fork.index('--contract') + 1], path)
+            self.assertTrue(os.path.exists(path))
+            self.assertEqual(res['children'][0]['contract'], RECORDED_NO_EGRESS)
+            # The second run reads the file to compare: nothing changes.
+            res = self.ok(dict(parent='web', names=['child-' + name[2:]], contract=path))
+            self.assertFalse(res['changed'], res)
+        self.assertEqual(self.calls('contract'), [])
+
+    def test_second_run_with_the_same_contract_changes_nothing(self):
+        allow = {'allow': ['API.example.com:443', '10.0.0.0/8:*']}
+        spec = dict(parent='web', count=2, contract={'network': {'egress': allow}, 'secrets': {'TOKEN': TOKEN}})
+        self.ok(spec)
+        self.assertEqual(self.fake.machines['web-1']['contract']['network']['egress'],
+                         {'allow': ['api.example.com:443', '10.0.0.0/8']})
+        res = self.ok(spec, diff=True)
+        self.assertFalse(res['changed'], res)
+        self.assertEqual(self.calls('contract'), [])
+        self.assertFalse(any(c['contract_changed'] for c in res['children']))
+        self.assertEqual(res['diff']['before'], res['diff']['after'])
+
+    def test_without_contract_children_inherit_and_existing_ones_are_left_alone(self):
+        self.fake.machines['web']['contract'] = RECORDED_NO_EGRESS
+        res = self.ok(dict(parent='web', count=1))
+        self.assertNotIn('--contract', self.calls('fork')[0])
+        self.assertEqual(res['children'][0]['contract'], RECORDED_NO_EGRESS)  # inherited, as ls shows it
+        self.fake.machines['web-1']['contract'] = {'network': {'egress': 'all', 'dns': 'host', 'connections': 'keep'}}
+        res = self.ok(dict(parent='web', count=1))
+        self.assertFalse(res['changed'])
+        self.assertEqual(self.calls('contract'), [])
+
+    def test_a_contract_section_of_the_customize_spec_reaches_the_fork(self):
+        res = self.ok(dict(parent='web', count=1, customize={'contract': NO_EGRESS}))
+        self.assertNotIn('--contract', self.calls('fork')[0])
+        self.assertEqual(res['children'][0]['contract'], RECORDED_NO_EGRESS)
+
+    def test_an_existing_child_with_another_network_is_changed_in_place(self):
+        self.fake.add_machine('web-1', parent='web', template='web.9', contract={'network': {'egress': 'all'}})
+        self.fake.add_machine('web-2', parent='web', template='web.9', contract=NO_EGRESS)
+        res = self.ok(dict(parent='web', count=3, contract=NO_EGRESS), diff=True)
+        self.assertTrue(res['changed'])
+        sets = self.calls('contract')
+        self.assertEqual(len(sets), 1)
+        self.assertEqual(sets[0][-2:], ['web-1', '--json'])
+        path = sets[0][sets[0].index('--set') + 1]
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual(self.fake.machines['web-1']['contract'], RECORDED_NO_EGRESS)
+        self.assertEqual([c['contract_changed'] for c in res['children']], [True, False, False])
+        self.assertEqual([c['contract'] for c in res['children']], [RECORDED_NO_EGRESS] * 3)
+        self.assertEqual([c['name'] for c in res['contracts']], ['web-1'])
+        self.assertEqual(res['diff']['before']['contracts'],
+                         {'web-1': {'network': {'egress': 'all', 'dns': 'host', 'connections': 'reset'}}})
+        self.assertEqual(res['diff']['after']['contracts'], {'web-1': RECORDED_NO_EGRESS})
+        # Only web-3 was missing.
+        self.assertEqual(self.calls('fork')[0][-3:-1], ['web', 'web-3'])
+        res = self.ok(dict(parent='web', count=3, contract=NO_EGRESS))
+        self.assertFalse(res['changed'])
+        self.assertEqual(len(self.calls('contract')), 1)
+
+    def test_check_mode_runs_the_dry_run_of_the_change(self):
+        self.fake.add_machine('web-1', parent='web', template='web.9')
+        res = self.ok(dict(parent='web', count=2, contract=NO_EGRESS), check=True, diff=True)
+        self.assertTrue(res['changed'])
+        sets = self.calls('contract')
+        self.assertEqual(sets[0][:2], ['contract', '--dry-run'])
+        self.assertNotIn('contract', self.fake.machines['web-1'])
+        self.assertNotIn('web-2', self.fake.machines)
+        self.assertEqual([p['command'] for p in res['plans']], ['contract', 'fork'])
+        self.assertEqual(res['plans'][1]['contract'], RECORDED_NO_EGRESS)
+        self.assertEqual([c['contract'] for c in res['children']], [RECORDED_NO_EGRESS] * 2)
+        self.assertEqual(res['diff']['before']['contracts'], {'web-1': {}})
+        self.assertEqual(res['diff']['after']['contracts'], {'web-1': RECORDED_NO_EGRESS})
+
+    def test_a_change_of_secrets_fails_with_the_cli_message(self):
+        self.fake.add_machine('web-1', parent='web', template='web.9', contract={'secrets': {'TOKEN': TOKEN}})
+        other = dict(TOKEN, hosts=['other.example.com'])
+        for check in (True, False):
+            res = self.failed(dict(parent='web', count=2, contract={'network': {'egress': 'none'},
+                                                                    'secrets': {'TOKEN': other}}), check=check)
+            self.assertEqual(res['rc'], 2)
+            self.assertIn('secrets: only the network part changes in place', res['msg'])
+            self.assertFalse(res['changed'])
+        self.assertEqual(self.fake.machines['web-1']['contract']['secrets']['TOKEN']['hosts'], ['api.example.com'])
+        self.assertNotIn('fork', self.fake.commands())
+        self.assertFalse(any(os.path.exists(c[c.index('--set') + 1]) for c in self.calls('contract')))
+
+    def test_the_same_secrets_with_a_new_network_are_fine(self):
+        self.fake.add_machine('web-1', parent='web', template='web.9', contract={'secrets': {'TOKEN': TOKEN}})
+        res = self.ok(dict(parent='web', count=1, contract={'network': {'egress': 'none'},
+                                                            'secrets': {'TOKEN': dict(TOKEN, header='')}}))
+        self.assertTrue(res['changed'])
+        self.assertEqual(self.fake.machines['web-1']['contract']['network'], RECORDED_NO_EGRESS['network'])
+
+    def test_a_stopped_child_cannot_change_its_contract(self):
+        self.fake.add_machine('web-1', state='stopped', parent='web', template='web.9')
+        res = self.failed(dict(parent='web', count=1, contract=NO_EGRESS, wait_agent=False))
+        self.assertEqual(res['rc'], 1)
+        self.assertIn('changes in place only while it runs', res['msg'])
+
+    def test_a_bad_contract_fails_with_the_cli_message(self):
+        res = self.failed(dict(parent='web', count=1, contract={'colour': 'red'}))
+        self.assertEqual(res['rc'], 2)
+        self.assertIn("unknown key 'colour'", res['msg'])
+        res = self.failed(dict(parent='web', count=1, contract=['none']))
+        self.assertEqual(res['msg'], 'contract must be a dict or the path of a YAML or JSON file on the managed host')
+        res = self.failed(dict(parent='web', count=1, contract=os.path.join(self.dir, 'nope.json')))
+        self.assertIn('no such file', res['msg'].lower())
+        self.fake.add_machine('web-1', parent='web', template='web.9')
+        res = self.failed(dict(parent='web', count=1, contract=os.path.join(self.dir, 'nope.json')))
+        self.assertIn('contract: cannot read', res['msg'])
 
 
 if __name__ == '__main__':

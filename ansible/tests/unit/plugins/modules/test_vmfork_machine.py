@@ -6,12 +6,20 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
+import shutil
+import tempfile
 import unittest
 
 from ansible_collections.vmfork.vmfork.plugins.modules import vmfork_machine
 from ansible_collections.vmfork.vmfork.tests.unit.plugins.modules.utils import ModuleTestCase
 
 BOOT = dict(name='web', kernel='/srv/vmlinuz', initrd='/srv/initrd.gz', disk='/srv/data.qcow2', memory='256M')
+ALLOW = {'network': {'egress': {'allow': ['Mirror.example:443']}},
+         'secrets': {'TOKEN': {'hosts': ['registry.example'], 'value_from': {'env': 'TOKEN'}}}}
+RECORDED_ALLOW = {'network': {'egress': {'allow': ['mirror.example:443']}, 'dns': 'host', 'connections': 'reset'},
+                  'secrets': {'TOKEN': {'hosts': ['registry.example'], 'header': 'Authorization', 'format': '{value}',
+                                        'value_from': {'env': 'TOKEN'}}}}
 
 
 class TestVmforkMachine(ModuleTestCase):
@@ -85,6 +93,94 @@ class TestVmforkMachine(ModuleTestCase):
         res = self.ok(dict(BOOT, memory='1G', cpus=1))
         self.assertFalse(res['changed'])
         self.assertTrue(any('memory_mib=256' in w for w in res.get('warnings', [])), res)
+
+
+class TestVmforkMachineContract(ModuleTestCase):
+    module = vmfork_machine
+
+    def calls(self, word):
+        return [c for c in self.fake.calls if c[0] == word]
+
+    def test_boots_with_a_contract_once(self):
+        res = self.ok(dict(BOOT, contract=ALLOW), diff=True)
+        self.assertTrue(res['changed'])
+        boot = self.calls('boot')[0]
+        path = boot[boot.index('--contract') + 1]
+        self.assertEqual(self.fake.contract_files, [(path, ALLOW)])
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual(res['machine']['contract'], RECORDED_ALLOW)
+        res = self.ok(dict(BOOT, contract=ALLOW), diff=True)
+        self.assertFalse(res['changed'], res)
+        self.assertEqual(self.calls('contract'), [])
+
+    def test_check_mode_plans_the_boot_with_the_contract(self):
+        res = self.ok(dict(BOOT, contract=ALLOW), check=True)
+        self.assertTrue(res['changed'])
+        self.assertEqual(res['plan']['contract'], RECORDED_ALLOW)
+        self.assertEqual(self.fake.machines, {})
+
+    def test_a_contract_file(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        path = os.path.join(d, 'contract.yml')
+        with open(path, 'w') as f:
+            f.write('network:\n  egress: none\n  connections: keep\n')
+        self.ok(dict(BOOT, contract=path))
+        boot = self.calls('boot')[0]
+        self.assertEqual(boot[boot.index('--contract') + 1], path)
+        self.assertTrue(os.path.exists(path))
+        self.assertFalse(self.ok(dict(BOOT, contract=path))['changed'])
+        with open(path, 'w') as f:
+            f.write('network:\n  egress: all\n')
+        res = self.ok(dict(BOOT, contract=path))
+        self.assertTrue(res['changed'])
+        self.assertEqual(self.calls('contract')[0][-2:], ['web', '--json'])
+        self.assertEqual(res['machine']['contract']['network'], {'egress': 'all', 'dns': 'host', 'connections': 'reset'})
+
+    def test_a_running_machine_gets_the_new_network_in_place(self):
+        self.fake.add_machine('web', contract=ALLOW)
+        want = dict(ALLOW, network={'egress': 'none'})
+        res = self.ok(dict(name='web', contract=want), check=True, diff=True)
+        self.assertTrue(res['changed'])
+        self.assertEqual(self.calls('contract')[0][:2], ['contract', '--dry-run'])
+        self.assertEqual(res['plan']['command'], 'contract')
+        self.assertEqual(self.fake.machines['web']['contract'], RECORDED_ALLOW)
+        self.assertEqual(res['diff']['before']['contract'], RECORDED_ALLOW)
+        self.assertEqual(res['diff']['after']['contract']['network'],
+                         {'egress': 'none', 'dns': 'host', 'connections': 'reset'})
+        res = self.ok(dict(name='web', contract=want))
+        self.assertTrue(res['changed'])
+        self.assertEqual(res['contract']['name'], 'web')
+        self.assertEqual(res['machine']['contract']['network']['egress'], 'none')
+        self.assertEqual(self.fake.machines['web']['contract']['network']['egress'], 'none')
+        self.assertFalse(any(os.path.exists(c[c.index('--set') + 1]) for c in self.calls('contract')))
+        self.assertFalse(self.ok(dict(name='web', contract=want))['changed'])
+        # No contract given: the machine's is left as it is.
+        self.assertFalse(self.ok(dict(name='web'))['changed'])
+        self.assertEqual(len(self.calls('contract')), 2)
+
+    def test_lifting_the_contract(self):
+        self.fake.add_machine('web', contract={'network': {'egress': 'none'}})
+        res = self.ok(dict(name='web', contract={}))
+        self.assertTrue(res['changed'])
+        self.assertNotIn('contract', self.fake.machines['web'])
+        self.assertNotIn('contract', res['machine'])
+        self.assertFalse(self.ok(dict(name='web', contract={}))['changed'])
+
+    def test_a_change_of_secrets_fails_with_the_cli_message(self):
+        self.fake.add_machine('web', contract=ALLOW)
+        for check in (True, False):
+            res = self.failed(dict(name='web', contract={'network': {'egress': 'none'}}), check=check)
+            self.assertEqual(res['rc'], 2)
+            self.assertIn('secrets: only the network part changes in place', res['msg'])
+        self.assertEqual(self.fake.machines['web']['contract'], RECORDED_ALLOW)
+
+    def test_stopping_or_removing_ignores_the_contract(self):
+        self.fake.add_machine('web', contract=ALLOW)
+        self.assertTrue(self.ok(dict(name='web', state='stopped', contract={}))['changed'])
+        self.assertFalse(self.ok(dict(name='web', state='stopped', contract={}))['changed'])
+        self.assertTrue(self.ok(dict(name='web', state='absent', contract={}))['changed'])
+        self.assertEqual(self.calls('contract'), [])
 
 
 if __name__ == '__main__':

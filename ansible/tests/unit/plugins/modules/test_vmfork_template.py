@@ -6,6 +6,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import unittest
 
 from ansible_collections.vmfork.vmfork.plugins.modules import vmfork_info, vmfork_template
@@ -58,6 +59,48 @@ class TestVmforkTemplate(ModuleTestCase):
         self.assertEqual(res['rc'], 4)
         res = self.failed(dict(name='golden', source='web', state='kept'))
         self.assertIn('value of state must be one of: present, absent', res['msg'])
+
+
+class TestVmforkTemplateContract(ModuleTestCase):
+    module = vmfork_template
+
+    def setUp(self):
+        super(TestVmforkTemplateContract, self).setUp()
+        self.fake.add_machine('web', contract={'network': {'egress': 'all'}})
+
+    def test_save_with_a_contract_once(self):
+        want = {'network': {'egress': {'allow': ['10.0.0.0/8:*']}}}
+        res = self.ok(dict(name='golden', source='web', contract=want), check=True)
+        self.assertTrue(res['changed'])
+        self.assertEqual(res['plan']['contract']['network']['egress'], {'allow': ['10.0.0.0/8']})
+        res = self.ok(dict(name='golden', source='web', contract=want))
+        self.assertTrue(res['changed'])
+        save = [c for c in self.fake.calls if c[:2] == ['template', 'save']][-1]
+        path = save[save.index('--contract') + 1]
+        self.assertFalse(os.path.exists(path))
+        self.assertEqual(self.fake.contract_files[-1], (path, want))
+        self.assertEqual(save[-3:-1], ['web', 'golden'])
+        res = self.ok(dict(name='golden', source='web', contract=want))
+        self.assertFalse(res['changed'])
+        self.assertEqual(self.fake.commands()[-1], 'tree')
+        # No contract given: the template's is not looked at.
+        self.assertFalse(self.ok(dict(name='golden', source='web'))['changed'])
+        self.assertEqual(self.fake.commands().count('tree'), 1)
+
+    def test_without_contract_the_template_keeps_the_source_one(self):
+        self.ok(dict(name='golden', source='web'))
+        save = [c for c in self.fake.calls if c[:2] == ['template', 'save']][-1]
+        self.assertNotIn('--contract', save)
+        self.assertFalse(self.ok(dict(name='golden', contract={'network': {}}))['changed'])
+
+    def test_another_contract_on_a_kept_template_fails_and_changes_nothing(self):
+        self.fake.add_template('golden', 'web', contract={'network': {'egress': 'none'}})
+        for check in (True, False):
+            res = self.failed(dict(name='golden', pool=3, contract={'network': {'egress': 'all'}}), check=check)
+            self.assertIn("template 'golden' gives its children another contract", res['msg'])
+            self.assertEqual(res['contract']['network']['egress'], 'none')
+        self.assertEqual(self.fake.kept('golden')['pool_size'], 0)
+        self.assertNotIn('template pool', self.fake.commands())
 
 
 class TestVmforkInfo(ModuleTestCase):

@@ -13,9 +13,13 @@ import json
 import unittest
 from unittest import mock
 
+import yaml
+
 from ansible.module_utils import basic
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible.module_utils.common.warnings import get_warning_messages
+
+from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import normalize_contract
 
 
 def set_module_args(args):
@@ -48,12 +52,14 @@ def fail_json(self, **kwargs):
 GLOBAL_FLAGS = ('--state-dir', '--mem-dir', '--connect', '--timeout')
 VALUE_FLAGS = ('--hostname', '--customize', '--identity', '--network', '--parallel', '--max-children',
                '--on-identity-failure', '--address', '--skip-step', '--kernel', '--initrd', '--append',
-               '--disk', '--memory', '--cpus', '--port', '--pool', '--count', '--prefix')
+               '--disk', '--memory', '--cpus', '--port', '--pool', '--count', '--prefix', '--contract', '--set')
 
 
 class FakeVmfork:
     """A vmfork CLI in memory. calls holds every argv (without the binary
-    and global flags); fail_children makes a fork of those names fail."""
+    and global flags); fail_children makes a fork of those names fail;
+    contract_files holds (path, contract) for every contract file a
+    command read, as it was then."""
 
     def __init__(self):
         self.machines = {}
@@ -62,21 +68,30 @@ class FakeVmfork:
         self.globals = []
         self.fail_children = set()
         self.next_template = 1
+        self.contract_files = []
+        self.template_contracts = {}  # template id: contract, or None
 
     # --- state helpers -------------------------------------------------
-    def add_machine(self, name, state='running', parent=None, template=None, hostname=None):
+    def add_machine(self, name, state='running', parent=None, template=None, hostname=None, contract=None):
+        """Adds a machine; contract is stored as vmfork records one (its
+        defaults filled in), and ls shows it only when there is one."""
         m = dict(name=name, state=state, driver='qemu', pid=4000 + len(self.machines), memory_mib=256, cpus=1,
                  mac='52:54:00:00:00:%02x' % len(self.machines), ports=[], qmp_socket='/s/%s/qmp.sock' % name)
         if parent:
             m.update(parent=parent, template=template, hostname=hostname or name, addresses=['10.0.2.16/24'])
+        if contract is not None:
+            m['contract'] = normalize_contract(contract)
         self.machines[name] = m
         return m
 
-    def add_template(self, name, source, pool=0):
+    def add_template(self, name, source, pool=0, contract=None):
+        """Adds a template; its contract (what its children get) is kept
+        apart, as template ls does not show it (tree does)."""
         t = dict(name=name, id='%s.%d' % (source, self.next_template), source=source, memory_mib=256,
                  has_memory=True, ram_bytes=1 << 20, pause_ms=70.5, children=0, pool_size=pool, pooled=pool)
         self.next_template += 1
         self.templates.append(t)
+        self.template_contracts[t['id']] = normalize_contract(contract) if contract is not None else None
         return t
 
     def kept(self, name):
@@ -123,6 +138,79 @@ class FakeVmfork:
         out = json.dumps(doc) if doc is not None else ''
         return rc, out, ('vmfork: %s\n' % err) if err else ''
 
+    def load_contract(self, flag, path):
+        """Reads a contract file as vmfork does: (contract, error)."""
+        try:
+            with open(path) as f:
+                c = json.load(f) if path.lower().endswith('.json') else yaml.safe_load(f)
+        except (IOError, OSError, ValueError) as e:
+            return None, '%s: contract: %s' % (flag, e)
+        c = c or {}
+        self.contract_files.append((path, c))
+        unknown = sorted(set(c) - set(['network', 'secrets']))
+        if unknown:
+            return None, '%s: contract %s: unknown key %r: invalid contract' % (flag, path, unknown[0])
+        return normalize_contract(c), None
+
+    def contract_of(self, flags):
+        """--contract's contract, else the --customize spec's contract:
+        section (as vmfork's contractOf), else None: (contract, error)."""
+        if '--contract' in flags:
+            return self.load_contract('--contract', flags['--contract'])
+        if '--customize' in flags:
+            with open(flags['--customize']) as f:
+                spec = json.load(f) if flags['--customize'].endswith('.json') else yaml.safe_load(f)
+            if (spec or {}).get('contract') is not None:
+                return normalize_contract(spec['contract']), None
+        return None, None
+
+    def cmd_contract(self, flags, pos, multi):
+        name = pos[0]
+        m = self.machines.get(name)
+        if not m:
+            return 4, None, 'contract: machine "%s": not found' % name
+        if '--set' not in flags:
+            if '--dry-run' in flags:
+                return 2, None, '--dry-run goes with --set: showing a contract changes nothing'
+            return 0, dict(name=name, state=m['state'], contract=m.get('contract'), rules=[]), None
+        c, err = self.load_contract('--set', flags['--set'])
+        if err:
+            return 2, None, err
+        if m['state'] != 'running':
+            return 1, None, ('contract "%s": machine is %s; a contract changes in place only while it runs '
+                             '(a fork names another one): not running' % (name, m['state']))
+        if (m.get('contract') or {}).get('secrets') != c.get('secrets'):
+            return 2, None, ('contract "%s": secrets: only the network part changes in place; the guest holds its '
+                             'secrets\' placeholders already (fork it with the new contract instead): invalid argument'
+                             % name)
+        if '--dry-run' in flags:
+            return 0, dict(dry_run=True, command='contract', changed=True, machines=[name], source_pauses=False,
+                           actions=['replace running machine "%s"\'s host rules: ...' % name]), None
+        if c:
+            m['contract'] = c
+        else:
+            m.pop('contract', None)
+        return 0, dict(name=name, state=m['state'], contract=m.get('contract'), rules=['egress rule']), None
+
+    def cmd_tree(self, flags, pos, multi):
+        def node(t):
+            n = dict(kind='template', name=t['id'], kept_as=t.get('name'), ram_bytes=1 << 20, disk_bytes=0)
+            if self.template_contracts.get(t['id']) is not None:
+                n['contract'] = self.template_contracts[t['id']]
+            return n
+        roots = []
+        for m in self.machines.values():
+            if m.get('parent'):
+                continue
+            r = dict(kind='machine', name=m['name'], state=m['state'], ram_bytes=1 << 20, disk_bytes=0,
+                     children=[node(t) for t in self.templates if t['source'] == m['name']])
+            if m.get('contract') is not None:
+                r['contract'] = m['contract']
+            roots.append(r)
+        if pos and not any(pos[0] in (r['name'], c.get('kept_as')) for r in roots for c in r['children']):
+            return 4, None, 'tree: machine or template "%s": not found' % pos[0]
+        return 0, dict(roots=roots, saved_bytes=0, held_bytes=0), None
+
     def cmd_ls(self, flags, pos, multi):
         return 0, list(self.machines.values()), None
 
@@ -137,10 +225,16 @@ class FakeVmfork:
             return 2, None, 'boot: machine %r: already exists' % name
         if '--kernel' not in flags and '--disk' not in flags:
             return 2, None, 'boot %r: a kernel (--kernel) or a disk image (--disk) is required: invalid argument' % name
+        c, err = self.contract_of(flags)
+        if err:
+            return 2, None, err
         if '--dry-run' in flags:
-            return 0, dict(dry_run=True, command='boot', changed=True, machines=[name],
-                           actions=['create machine %r' % name], source_pauses=False), None
-        return 0, self.add_machine(name), None
+            plan = dict(dry_run=True, command='boot', changed=True, machines=[name],
+                        actions=['create machine %r' % name], source_pauses=False)
+            if c is not None:
+                plan['contract'] = c
+            return 0, plan, None
+        return 0, self.add_machine(name, contract=c), None
 
     def cmd_stop(self, flags, pos, multi):
         views = []
@@ -182,21 +276,28 @@ class FakeVmfork:
                 return 2, None, 'fork %r: machine %r: already exists' % (src, n)
         pattern = flags.get('--hostname', '{name}')
         parent = kept['source'] if kept else src
+        c, err = self.contract_of(flags)
+        if err:
+            return 2, None, err
+        if c is None:  # the children inherit the parent's, or the kept template's
+            c = self.template_contracts.get(kept['id']) if kept else self.machines[src].get('contract')
 
         def host(n, i):
             return pattern.replace('{n}', str(i)).replace('{name}', n).replace('{parent}', parent)
         if '--dry-run' in flags:
-            return 0, dict(dry_run=True, command='fork', changed=True, source=src, source_pauses=not kept,
-                           template=kept['name'] if kept else None, actions=['start %d children' % len(names)],
-                           children=[dict(name=n, index=i + 1, hostname=host(n, i + 1))
-                                     for i, n in enumerate(names)]), None
+            plan = dict(dry_run=True, command='fork', changed=True, source=src, source_pauses=not kept,
+                        template=kept['name'] if kept else None, actions=['start %d children' % len(names)],
+                        children=[dict(name=n, index=i + 1, hostname=host(n, i + 1)) for i, n in enumerate(names)])
+            if c is not None:
+                plan['contract'] = c
+            return 0, plan, None
         tid = kept['id'] if kept else self.add_template(None, src)['id']
         res = dict(source=src, template=tid, pause_ms=0 if kept else 68.5, children=[], failed=[])
         for i, n in enumerate(names):
             if n in self.fail_children:
                 res['failed'].append(dict(name=n, error='QEMU exited: injected'))
                 continue
-            m = self.add_machine(n, parent=parent, template=tid, hostname=host(n, i + 1))
+            m = self.add_machine(n, parent=parent, template=tid, hostname=host(n, i + 1), contract=c)
             res['children'].append(dict(name=n, pid=m['pid'], state='running', ports=[], running_ms=54.0,
                                         ready_ms=640.0, identity=dict(mode='fresh', mac=m['mac'],
                                                                       hostname=m['hostname'],
@@ -218,10 +319,18 @@ class FakeVmfork:
         if src not in self.machines:
             return 4, None, 'keep: machine %r: not found' % src
         pool = int(flags.get('--pool', 0))
+        c, err = self.contract_of(flags)
+        if err:
+            return 2, None, err
+        if c is None:
+            c = self.machines[src].get('contract')
         if '--dry-run' in flags:
-            return 0, dict(dry_run=True, command='template save', changed=True, source=src, template=name,
-                           source_pauses=True, actions=['keep']), None
-        return 0, self.add_template(name, src, pool), None
+            plan = dict(dry_run=True, command='template save', changed=True, source=src, template=name,
+                        source_pauses=True, actions=['keep'])
+            if c is not None:
+                plan['contract'] = c
+            return 0, plan, None
+        return 0, self.add_template(name, src, pool, contract=c), None
 
     def cmd_template_pool(self, flags, pos, multi):
         t = self.kept(pos[0])
