@@ -184,7 +184,10 @@ func (mg *Manager) PlanSetContract(ctx context.Context, name string, c *contract
 }
 
 func (p *contractPlan) render() *Plan {
-	out := &Plan{Command: "contract", Changed: true, Machines: []string{p.m.Name}}
+	out := &Plan{Command: "contract", Changed: !reflect.DeepEqual(p.m.Contract, p.c), Machines: []string{p.m.Name}, Contract: p.c}
+	if !out.Changed {
+		return out
+	}
 	line := describeContract(p.c)
 	if !p.c.Enforced() {
 		line = "lift every rule: the machine reaches what its network reaches"

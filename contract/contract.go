@@ -155,6 +155,9 @@ func ParseJSON(data []byte) (*Contract, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, ErrInvalid) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	if dec.More() {

@@ -186,3 +186,10 @@ func TestLoadAndClone(t *testing.T) {
 		t.Error("Load of a missing file: nil error")
 	}
 }
+
+func TestJSONErrorSaysInvalidOnce(t *testing.T) {
+	_, err := ParseJSON([]byte(`{"network": {"egress": {"allow": ["10.0.0.0/33"]}}}`))
+	if err == nil || strings.Count(err.Error(), "invalid contract") != 1 || !strings.Contains(err.Error(), "network.egress.allow[0]") {
+		t.Errorf("ParseJSON of a bad entry: %v, want one line naming the entry, saying invalid once", err)
+	}
+}
