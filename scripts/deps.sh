@@ -9,6 +9,9 @@ pkgs=(
   libvirt-dev libvirt-daemon-system
   cpio e2fsprogs gzip
   debootstrap dnsmasq-base iproute2 iputils-ping openssh-client
+  # the nft CLI: egress tests read back the tables vmfork makes (the product
+  # itself speaks netlink, never runs nft)
+  nftables
   ansible-core python3 zstd
   # ansible-test sanity and units with Debian's checkers (scripts/ansible-test.py)
   pylint pycodestyle yamllint shellcheck python3-voluptuous python3-mock
