@@ -463,9 +463,9 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 	// A kept template's warm pool serves the first children. Its members
 	// have fresh vmgenids, so a reproducible identity starts cold.
 	var members []*Machine
-	// Nor do children whose secrets are brokered: a member's QEMU was
-	// started without their proxy's forward.
-	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible && len(p.contract.SecretNames()) == 0 {
+	// Nor do children with a contract: a member's QEMU was started without
+	// their egress rules, and outside their cgroup.
+	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible && !p.contract.Enforced() {
 		members = mg.takePool(ctx, tpl, len(children))
 	}
 	out := make([]childOutcome, len(children))

@@ -57,6 +57,15 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if t.Manifest.DevStateFormat == vmfork.DevStateDevices {
 		addDevicesOnlyArgs(def)
 	}
+	undoFilter, err := d.withContractFilter(ctx, child, def)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			undoFilter()
+		}
+	}()
 	x, err := def.Marshal()
 	if err != nil {
 		return fmt.Errorf("domain XML: %w", err)

@@ -242,7 +242,17 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 			}
 		}
 	}
-	x, err := BootXML(m, d.metadata(m, nil), BootOptions{User: user()}).Marshal()
+	def := BootXML(m, d.metadata(m, nil), BootOptions{User: user()})
+	undoFilter, err := d.withContractFilter(ctx, m, def)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			undoFilter()
+		}
+	}()
+	x, err := def.Marshal()
 	if err != nil {
 		return fmt.Errorf("domain XML: %w", err)
 	}
@@ -528,6 +538,7 @@ func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error 
 			return err
 		}
 	}
+	d.removeFilter(m)
 	if m.Paths.Disk != "" {
 		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/egress"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/profile"
 	"github.com/vmfork/vmfork/qmp"
@@ -40,6 +41,9 @@ type Driver struct {
 	// gives it one, and then that is the bound).
 	BootTimeout time.Duration
 	procs       procs
+	// egress enforces fork contracts (contract.go): the host's own
+	// network namespace.
+	egress egress.Host
 }
 
 // DefaultBootTimeout is long enough for a distribution guest to boot under
@@ -89,7 +93,7 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
 			return fmt.Errorf("remove stale RAM file: %w", err)
 		}
 	}
-	p, err := d.spawnMachine(bin, m, ArgvOptions{})
+	p, err := d.spawnMachine(ctx, bin, m, ArgvOptions{})
 	if err != nil {
 		return err
 	}
@@ -313,6 +317,7 @@ func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
 	if d.procs.alive(m.PID, m.Paths.QMP) {
 		return
 	}
+	d.removeEgress(m)
 	for _, p := range []string{m.Paths.QMP, m.Paths.QGA} {
 		os.Remove(p)
 	}

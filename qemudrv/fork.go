@@ -185,7 +185,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err != nil {
 		return err
 	}
-	p, err := d.spawnMachine(bin, am, ArgvOptions{Incoming: true, DevicesOnly: t.Manifest.DevStateFormat != ""})
+	p, err := d.spawnMachine(ctx, bin, am, ArgvOptions{Incoming: true, DevicesOnly: t.Manifest.DevStateFormat != ""})
 	if err != nil {
 		if start != "" {
 			os.Remove(start)

@@ -58,9 +58,28 @@ func (d *Driver) CheckNetwork(ctx context.Context, m *vmfork.Machine) error {
 }
 
 // spawnMachine starts QEMU for m with argv built for opt, after creating
-// the tap it needs on a bridge. The tap lives exactly as long as QEMU.
-func (d *Driver) spawnMachine(bin string, m *vmfork.Machine, opt ArgvOptions) (*process, error) {
-	var extra []*os.File
+// the tap it needs on a bridge and applying its contract's egress rules
+// (contract.go). The tap lives exactly as long as QEMU; the rules until
+// the machine is stopped.
+func (d *Driver) spawnMachine(ctx context.Context, bin string, m *vmfork.Machine, opt ArgvOptions) (p *process, err error) {
+	cg, rules, err := d.egressBeforeStart(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil && rules != nil {
+			d.removeEgress(m)
+		}
+	}()
+	var so spawnOptions
+	if cg != nil {
+		f, err := os.Open(cg.Path)
+		if err != nil {
+			return nil, fmt.Errorf("machine %q: contract: open its cgroup: %w", m.Name, err)
+		}
+		defer f.Close()
+		so.cgroup = f
+	}
 	if n := m.Spec.Network.Effective(); n.Kind == vmfork.NetworkBridge {
 		tap, name, err := openTap(n.Name, m.Name)
 		if err != nil {
@@ -68,10 +87,15 @@ func (d *Driver) spawnMachine(bin string, m *vmfork.Machine, opt ArgvOptions) (*
 		}
 		// QEMU gets its own copy; once ours is closed, QEMU's is the last.
 		defer tap.Close()
-		extra = append(extra, tap)
+		so.extra = append(so.extra, tap)
 		d.log.WithFields(logrus.Fields{"machine": m.Name, "tap": name, "bridge": n.Name}).Debug("tap created")
+		if rules != nil {
+			if err := d.tapRules(m, name, *rules); err != nil {
+				return nil, err
+			}
+		}
 	}
-	return d.procs.spawn(bin, Argv(m, opt), m.Paths.Log, extra...)
+	return d.procs.spawn(bin, Argv(m, opt), m.Paths.Log, so)
 }
 
 // openTap creates a tap, plugs it into bridge and sets it up. The returned

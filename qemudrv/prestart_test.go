@@ -1,7 +1,6 @@
 package qemudrv
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,7 +14,7 @@ import (
 // fakeSpawn makes d's spawn start q instead of a QEMU, and records the
 // argv. The process q ends when it gets a signal it does not survive.
 func fakeSpawn(t *testing.T, d *Driver, q *fakeQEMU, argv *[]string) {
-	d.procs.spawn = func(bin string, args []string, logPath string, extra ...*os.File) (*process, error) {
+	d.procs.spawn = func(bin string, args []string, logPath string, opt spawnOptions) (*process, error) {
 		*argv = append([]string{bin}, args...)
 		p := &process{pid: fakePID, done: make(chan struct{})}
 		var once sync.Once

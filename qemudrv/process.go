@@ -25,11 +25,19 @@ type process struct {
 	signal func(pid int, sig syscall.Signal) error
 }
 
+// spawnOptions are what a QEMU process gets besides its argv.
+type spawnOptions struct {
+	// extra become QEMU's descriptors 3, 4, ... (a tap, network.go).
+	extra []*os.File
+	// cgroup, if set, is the cgroup QEMU starts in (clone3 into it, so
+	// that none of its sockets predates it: contract.go).
+	cgroup *os.File
+}
+
 // spawn starts QEMU so that it outlives the CLI: its own process group (a
 // Ctrl-C in the terminal does not reach it), stdin from /dev/null, and its
-// output appended to logPath instead of a pipe the CLI would hold. extra
-// become QEMU's descriptors 3, 4, ... (a tap, network.go).
-func spawn(bin string, args []string, logPath string, extra ...*os.File) (*process, error) {
+// output appended to logPath instead of a pipe the CLI would hold.
+func spawn(bin string, args []string, logPath string, opt spawnOptions) (*process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open QEMU log: %w", err)
@@ -38,8 +46,11 @@ func spawn(bin string, args []string, logPath string, extra ...*os.File) (*proce
 	fmt.Fprintf(logf, "# %s %s\n", time.Now().UTC().Format(time.RFC3339), shellQuote(append([]string{bin}, args...)))
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = extra
+	cmd.ExtraFiles = opt.extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if opt.cgroup != nil {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(opt.cgroup.Fd())
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}

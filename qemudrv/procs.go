@@ -2,7 +2,6 @@ package qemudrv
 
 import (
 	"context"
-	"os"
 	"syscall"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 // escalation, a failed completion or a freeze run against a scripted QMP
 // socket (qmp/qmptest) without a QEMU and without signalling any real PID.
 type procs struct {
-	spawn func(bin string, args []string, logPath string, extra ...*os.File) (*process, error)
+	spawn func(bin string, args []string, logPath string, opt spawnOptions) (*process, error)
 	// alive reports whether pid is a live QEMU whose command line holds
 	// marker (proc.Alive).
 	alive  func(pid int, marker string) bool

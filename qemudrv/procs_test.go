@@ -1,7 +1,6 @@
 package qemudrv
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -57,7 +56,7 @@ func testDriver(t *testing.T, q *fakeQEMU) *Driver {
 	d := New(nil)
 	d.StopGrace, d.AgentTimeout = 300*time.Millisecond, 300*time.Millisecond
 	d.procs = procs{
-		spawn: func(string, []string, string, ...*os.File) (*process, error) {
+		spawn: func(string, []string, string, spawnOptions) (*process, error) {
 			t.Errorf("unexpected QEMU spawn")
 			return nil, syscall.ENOSYS
 		},
