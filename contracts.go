@@ -40,23 +40,37 @@ type Enforcer interface {
 }
 
 // checkContract refuses, for a plan, a contract c that the driver cannot
-// enforce on a machine like m. verb and name start the error.
+// enforce on a machine like m. verb and name start the error. A refusal is
+// bad input (ErrInvalid: exit 2) as well as what it says: the request asks
+// for what this host cannot give, and is never run without it.
 func (mg *Manager) checkContract(ctx context.Context, verb, name string, m *Machine, c *contract.Contract) error {
 	if !c.Enforced() {
 		return nil
 	}
+	refuse := func(err error) error {
+		return fmt.Errorf("%s %q: contract: %w", verb, name, refusal{err})
+	}
 	e, ok := mg.Driver.(Enforcer)
 	if !ok {
-		return fmt.Errorf("%s %q: contract: driver %q cannot enforce a contract: %w", verb, name, mg.Driver.Name(), ErrUnsupported)
+		return refuse(fmt.Errorf("driver %q cannot enforce a contract: %w", mg.Driver.Name(), ErrUnsupported))
 	}
 	if err := e.CheckContract(ctx, m, c); err != nil {
-		return fmt.Errorf("%s %q: contract: %w", verb, name, err)
+		return refuse(err)
 	}
 	if err := mg.checkSecrets(m, c); err != nil {
-		return fmt.Errorf("%s %q: contract: %w", verb, name, err)
+		return refuse(err)
 	}
 	return nil
 }
+
+// refusal is a contract the host cannot enforce: it is what its error
+// says (often ErrUnsupported), and bad input too (ErrInvalid, exit 2),
+// without saying so twice.
+type refusal struct{ err error }
+
+func (r refusal) Error() string        { return r.err.Error() }
+func (r refusal) Unwrap() error        { return r.err }
+func (r refusal) Is(target error) bool { return target == ErrInvalid }
 
 // describeContract is the plan's line for contract c.
 func describeContract(c *contract.Contract) string {
