@@ -27,14 +27,12 @@ if ! ss -V >/dev/null 2>&1; then
 	exit 2
 fi
 filter='( ! dst 127.0.0.0/8 and ! src 127.0.0.0/8 and ! dst [::1] and ! src [::1] )'
-count() { ss -Htn state connected exclude time-wait "$filter" 2>/dev/null | wc -l; }
-before=$(count)
-if [ "$before" -gt 0 ]; then
-	ss -K -Htn state connected exclude time-wait "$filter" >/dev/null 2>&1
-fi
-after=$(count)
-if [ "$after" -gt 0 ]; then
-	echo "$after of $before inherited TCP connections remain: the guest's kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY)"
+# ss -K prints the sockets it closed and skips silently those the kernel
+# cannot close: what is left afterwards tells which.
+closed=$(ss -K -Htn state connected exclude time-wait "$filter" 2>/dev/null | wc -l)
+left=$(ss -Htn state connected exclude time-wait "$filter" 2>/dev/null | wc -l)
+if [ "$left" -gt 0 ]; then
+	echo "$left inherited TCP connections remain: the guest's kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY)"
 	exit 1
 fi
-echo "$before closed"
+echo "$closed closed"
