@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the vmfork test guest: a Debian 12 generic kernel, an initramfs with busybox-static,
-# qemu-guest-agent (plus the host's copies of its shared libraries) and a few virtio modules,
-# and a small ext4 data disk. Debian packages only, fetched with apt-get download.
+# qemu-guest-agent and iproute2's ss (plus the host's copies of their shared libraries) and a
+# few modules, and a small ext4 data disk. Debian packages only, fetched with apt-get download.
 #
 # Usage: tests/guest/build.sh [OUTDIR]     (default: tests/guest/out next to this script)
 #
@@ -24,7 +24,10 @@ die() {
 # crc32c_generic is ext4's and jbd2's softdep ("pre: crypto-crc32c"): without it a
 # metadata_csum filesystem does not mount, and there is no modprobe to load it on demand.
 # crc32c-intel is not used because -cpu qemu64 has no SSE4.2.
-modules=(virtio_pci virtio_net virtio_blk virtio_console crc32c_generic ext4)
+# inet_diag and tcp_diag answer ss's sock_diag requests for TCP sockets, and tcp_diag destroys
+# them for ss -K (CONFIG_INET_DIAG_DESTROY=y, checked below); sock_diag itself is built in.
+# Without them ss lists from /proc/net/tcp and cannot destroy anything.
+modules=(virtio_pci virtio_net virtio_blk virtio_console crc32c_generic ext4 inet_diag tcp_diag)
 outputs=(vmlinuz initrd.gz data.qcow2 kernel-release)
 
 for tool in apt-get apt-cache dpkg-deb cpio gzip mke2fs qemu-img sha256sum ldd flock find sort; do
@@ -45,7 +48,7 @@ if [[ $(id -u) -eq 0 ]]; then
 	apt_opts+=(-o APT::Sandbox::User=root)
 fi
 
-# select_packages sets kpkg, kver, qgaver, bbver; it fails if apt's lists lack any of them.
+# select_packages sets kpkg, kver, qgaver, bbver, ipver; it fails if apt's lists lack any of them.
 # Two apt-cache calls only: each one can take half a second where pkgcache.bin is disabled.
 select_packages() {
 	# The generic flavour: it has CONFIG_VMGENID=y, the cloud kernel has no vmgenid driver.
@@ -53,13 +56,14 @@ select_packages() {
 		awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9][0-9.]*-[0-9]+-amd64$/ { print $2; exit }')
 	[[ -n $kpkg ]] || return 1
 	local policy
-	policy=$(apt-cache policy "$kpkg" qemu-guest-agent busybox-static 2>/dev/null |
+	policy=$(apt-cache policy "$kpkg" qemu-guest-agent busybox-static iproute2 2>/dev/null |
 		awk '/^[^ ]/ { pkg = $1; sub(/:$/, "", pkg) } $1 == "Candidate:" { print pkg, $2 }')
 	kver=$(awk -v p="$kpkg" '$1 == p { print $2 }' <<<"$policy")
 	qgaver=$(awk '$1 == "qemu-guest-agent" { print $2 }' <<<"$policy")
 	bbver=$(awk '$1 == "busybox-static" { print $2 }' <<<"$policy")
+	ipver=$(awk '$1 == "iproute2" { print $2 }' <<<"$policy")
 	local v
-	for v in "$kver" "$qgaver" "$bbver"; do
+	for v in "$kver" "$qgaver" "$bbver" "$ipver"; do
 		[[ -n $v && $v != "(none)" ]] || return 1
 	done
 }
@@ -67,7 +71,7 @@ select_packages() {
 if ! select_packages; then
 	log "packages not in apt's lists; running apt-get update"
 	apt-get "${apt_opts[@]}" update || die "apt-get update failed (needs root)"
-	select_packages || die "cannot find linux-image-amd64's kernel, qemu-guest-agent or busybox-static in apt's lists"
+	select_packages || die "cannot find linux-image-amd64's kernel, qemu-guest-agent, busybox-static or iproute2 in apt's lists"
 fi
 krel=${kpkg#linux-image-}
 
@@ -83,7 +87,7 @@ inputs_hash() {
 # the initramfs and "output <sha256>  <file>" for each output.
 header=$(
 	printf 'vmfork-test-guest\n'
-	printf 'package %s %s\n' "$kpkg" "$kver" qemu-guest-agent "$qgaver" busybox-static "$bbver"
+	printf 'package %s %s\n' "$kpkg" "$kver" qemu-guest-agent "$qgaver" busybox-static "$bbver" iproute2 "$ipver"
 	printf 'inputs %s\n' "$(inputs_hash)"
 )
 
@@ -101,7 +105,7 @@ if up_to_date; then
 	exit 0
 fi
 
-log "building into $outdir: $kpkg $kver, qemu-guest-agent $qgaver, busybox-static $bbver"
+log "building into $outdir: $kpkg $kver, qemu-guest-agent $qgaver, busybox-static $bbver, iproute2 $ipver"
 rm -f "$outdir/stamp"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmfork-guest.XXXXXX")
@@ -110,8 +114,8 @@ mkdir -p "$tmp/debs" "$tmp/x" "$tmp/out"
 
 log "apt-get download"
 (cd "$tmp/debs" && apt-get "${apt_opts[@]}" download \
-	"$kpkg=$kver" "qemu-guest-agent=$qgaver" "busybox-static=$bbver")
-for pkg in "$kpkg" qemu-guest-agent busybox-static; do
+	"$kpkg=$kver" "qemu-guest-agent=$qgaver" "busybox-static=$bbver" "iproute2=$ipver")
+for pkg in "$kpkg" qemu-guest-agent busybox-static iproute2; do
 	log "extract $pkg"
 	debs=("$tmp/debs/${pkg}_"*.deb)
 	[[ -f ${debs[0]} ]] || die "$pkg: no .deb downloaded"
@@ -123,6 +127,8 @@ moddir=$kroot/lib/modules/$krel
 [[ -f $kroot/boot/vmlinuz-$krel ]] || die "$kpkg has no boot/vmlinuz-$krel"
 [[ -d $moddir/kernel ]] || die "$kpkg has no lib/modules/$krel"
 grep -qx 'CONFIG_VMGENID=y' "$kroot/boot/config-$krel" || die "$kpkg lacks CONFIG_VMGENID=y"
+# ss -K (vmfork's connections step) needs the kernel's socket destroy.
+grep -qx 'CONFIG_INET_DIAG_DESTROY=y' "$kroot/boot/config-$krel" || die "$kpkg lacks CONFIG_INET_DIAG_DESTROY=y"
 
 stage=$tmp/root
 mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,lib/modules,lib/x86_64-linux-gnu,lib64,etc,proc,sys,dev,run,tmp,data,root,var/lib,var/log}
@@ -178,21 +184,38 @@ log "modules: ${order[*]}"
 cp "$tmp/x/busybox-static/bin/busybox" "$stage/bin/busybox"
 qga=$tmp/x/qemu-guest-agent/usr/sbin/qemu-ga
 cp "$qga" "$stage/usr/sbin/qemu-ga"
+# ss alone of iproute2: ip stays busybox's, which the identity chain is tested with.
+ss=$tmp/x/iproute2/bin/ss
+[[ -f $ss ]] || die "iproute2 has no bin/ss"
+cp "$ss" "$stage/bin/ss"
 
-# qemu-ga's libraries come from the host (Debian 12 too), so they are hashed into the stamp.
+# The binaries' libraries come from the host (Debian 12 too), so they are hashed into the
+# stamp. Each is copied once, at the path ldd names, however many binaries need it.
 hostlibs=()
-while read -r lib; do
-	[[ -n $lib ]] || continue
-	[[ $lib == /* && -f $lib ]] || die "qemu-ga: library not found on the host: $lib"
-	mkdir -p "$stage$(dirname "$lib")"
-	cp -L "$lib" "$stage$lib"
-	hostlibs+=("$(readlink -f "$lib")")
-done < <(ldd "$qga" | awk '
-	/not found/ { print $1; next }
-	$2 == "=>" && $3 ~ /^\// { print $3; next }
-	$1 ~ /^\// { print $1 }')
-[[ ${#hostlibs[@]} -gt 0 ]] || die "ldd found no libraries for qemu-ga"
-log "qemu-ga libraries: ${hostlibs[*]##*/}"
+declare -A copied=() hashed=()
+copy_libs() { # copy_libs BINARY
+	local lib real n=0 new=()
+	while read -r lib; do
+		[[ -n $lib ]] || continue
+		[[ $lib == /* && -f $lib ]] || die "${1##*/}: library not found on the host: $lib"
+		n=$((n + 1))
+		[[ -z ${copied[$lib]:-} ]] || continue
+		copied[$lib]=1
+		mkdir -p "$stage$(dirname "$lib")"
+		cp -L "$lib" "$stage$lib"
+		new+=("${lib##*/}")
+		real=$(readlink -f "$lib")
+		[[ -n ${hashed[$real]:-} ]] || hostlibs+=("$real")
+		hashed[$real]=1
+	done < <(ldd "$1" | awk '
+		/not found/ { print $1; next }
+		$2 == "=>" && $3 ~ /^\// { print $3; next }
+		$1 ~ /^\// { print $1 }')
+	[[ $n -gt 0 ]] || die "ldd found no libraries for ${1##*/}"
+	log "${1##*/} libraries: ${new[*]:-(none new)}"
+}
+copy_libs "$qga"
+copy_libs "$ss"
 
 cp -R --preserve=mode "$here/rootfs/." "$stage/"
 find "$stage" -name .keep -delete
