@@ -117,6 +117,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			gcCommand,
 			reaperCommand,
 			brokerCommand,
+			ledgerServerCommand,
 		},
 		OnUsageError: onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {
