@@ -282,3 +282,14 @@ func pathWithout(t *testing.T, missing string) string {
 	}
 	return dir
 }
+
+// TestHelperShellcheck lints the helper as a POSIX sh script.
+func TestHelperShellcheck(t *testing.T) {
+	if _, err := exec.LookPath("shellcheck"); err != nil {
+		t.Skip("shellcheck is not installed")
+	}
+	out, err := exec.Command("shellcheck", "-s", "sh", HelperName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("shellcheck -s sh %s: %v\n%s", HelperName, err, out)
+	}
+}

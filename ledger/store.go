@@ -66,15 +66,26 @@ type Store struct {
 
 	mu     sync.Mutex
 	fams   map[string]*famLog
+	failed map[string]failure
 	closed bool
 }
+
+// failure is a family that could not be opened (a corrupt log, a disk
+// error): its error is answered for retryOpen, rather than the log being
+// read again for each request a guest sends.
+type failure struct {
+	err error
+	at  time.Time
+}
+
+const retryOpen = 5 * time.Second
 
 // OpenStore opens the ledgers under dir, creating it.
 func OpenStore(dir string, opt StoreOptions) (*Store, error) {
 	if err := os.MkdirAll(filepath.Join(dir, dirFamilies), 0o700); err != nil {
 		return nil, fmt.Errorf("ledger store: %w", err)
 	}
-	s := &Store{root: dir, lim: opt.Limits.withDefaults(), log: opt.Log, now: opt.Now, fams: map[string]*famLog{}}
+	s := &Store{root: dir, lim: opt.Limits.withDefaults(), log: opt.Log, now: opt.Now, fams: map[string]*famLog{}, failed: map[string]failure{}}
 	if s.log == nil {
 		l := logrus.New()
 		l.SetOutput(discard{})
@@ -174,10 +185,15 @@ func (s *Store) acquire(id string) (*famLog, error) {
 		f = nil
 	}
 	if f == nil {
+		if fl, ok := s.failed[id]; ok && s.now().Sub(fl.at) < retryOpen {
+			return nil, fl.err
+		}
 		var err error
 		if f, err = s.openFamily(id); err != nil {
+			s.failed[id] = failure{err: err, at: s.now()}
 			return nil, err
 		}
+		delete(s.failed, id)
 		s.fams[id] = f
 	}
 	f.refs++
