@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -87,4 +89,33 @@ func BenchmarkClaimTaken(b *testing.B) {
 		wg.Wait()
 	}
 	b.ReportMetric(float64(b.N/16*16)/time.Since(start).Seconds(), "answers/s")
+}
+
+// BenchmarkHelperClaim is one `vmfork-ledger claim` under dash against a
+// fake port (helper_test.go): what a shell script pays per call, mostly
+// the processes the helper starts.
+func BenchmarkHelperClaim(b *testing.B) {
+	if _, err := exec.LookPath("dash"); err != nil {
+		b.Skip(err)
+	}
+	st, err := OpenStore(b.TempDir(), StoreOptions{Limits: Limits{Records: 1 << 30, LogBytes: 1 << 40}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	p := newFakePort(b)
+	p.serve(b, st, "fam", "m")
+	script := filepath.Join(b.TempDir(), HelperName)
+	if err := os.WriteFile(script, Helper, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	env := append(os.Environ(), "VMFORK_LEDGER_PORT="+p.path, "VMFORK_LEDGER_LOCK="+filepath.Join(b.TempDir(), "lock"))
+	b.ResetTimer()
+	for i := range b.N {
+		cmd := exec.Command("dash", script, "claim", fmt.Sprintf("k%d", i))
+		cmd.Env = env
+		if out, err := cmd.Output(); err != nil || string(out) != "granted\n" {
+			b.Fatalf("got %q, %v", out, err)
+		}
+	}
 }

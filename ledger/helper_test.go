@@ -23,7 +23,7 @@ type fakePort struct {
 	master, slave *os.File
 }
 
-func newFakePort(t *testing.T) *fakePort {
+func newFakePort(t testing.TB) *fakePort {
 	t.Helper()
 	// Opened non-blocking and wrapped by os.NewFile, so that the master is
 	// read through the poller and Close ends a pending Read (File.Fd would
@@ -68,7 +68,7 @@ func newFakePort(t *testing.T) *fakePort {
 }
 
 // serve answers the port as machine of family.
-func (p *fakePort) serve(t *testing.T, st *Store, family, machine string) {
+func (p *fakePort) serve(t testing.TB, st *Store, family, machine string) {
 	s := testSession(st, family, machine, fast)
 	done := make(chan struct{})
 	go func() {
