@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/broker"
 	"github.com/vmfork/vmfork/contract"
 	"github.com/vmfork/vmfork/egress"
 )
@@ -51,6 +53,15 @@ func (d *Driver) filterXML(ctx context.Context, m *vmfork.Machine, c *contract.C
 	r, err := egress.Compile(cctx, *c.Network, nil)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", err, vmfork.ErrInvalid)
+	}
+	if m.Broker != nil && r.Mode != contract.EgressAll {
+		// Its secrets proxy (brokered.go), on the network's host address.
+		ap, err := netip.ParseAddrPort(m.Broker.Listen.Address)
+		if err != nil {
+			return "", fmt.Errorf("secrets proxy at %s: %w", m.Broker.Listen, err)
+		}
+		r.Mode = contract.EgressAllow
+		r.Allow = append(r.Allow, egress.Tuple{Prefix: netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen()), Port: ap.Port(), Protos: egress.TCP, From: "the secrets proxy"})
 	}
 	xml, err := egress.NWFilterXML(filterName(m), r, egress.NWFilterOptions{DNS: d.networkAddrs(ctx, m)})
 	if err != nil {
@@ -175,4 +186,59 @@ func (d *Driver) DescribeContract(ctx context.Context, m *vmfork.Machine) ([]str
 	}
 	lines := []string{fmt.Sprintf("libvirt network filter %s (virsh nwfilter-dumpxml %s): %d rules", name, name, len(def.Entries))}
 	return lines, nil
+}
+
+var _ vmfork.BrokerEndpoint = (*Driver)(nil)
+
+// BrokerListen implements vmfork.BrokerEndpoint: a libvirt domain's
+// secrets proxy listens on its network's host address (where its
+// dnsmasq answers), or its bridge's. The domain's own network filter lets
+// it reach its port only; a domain of the network without a contract
+// could reach it too, and is not told apart (the embedded driver's user
+// network tells them apart by their QEMU: docs/SECURITY.md).
+func (d *Driver) BrokerListen(m *vmfork.Machine) (broker.Addr, bool, error) {
+	n := m.Spec.Network.Effective()
+	var addrs []netip.Addr
+	switch n.Kind {
+	case vmfork.NetworkLibvirt:
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		addrs = d.networkAddrs(ctx, m)
+	case vmfork.NetworkBridge:
+		if a, err := hostAddr(n.Name); err == nil {
+			addrs = []netip.Addr{a}
+		}
+	}
+	for _, a := range addrs {
+		if a.Is4() {
+			return broker.Addr{Network: "tcp", Address: net.JoinHostPort(a.String(), "0")}, false, nil
+		}
+	}
+	return broker.Addr{}, false, fmt.Errorf("machine %q: network %s has no IPv4 address on the host, where its secrets proxy would listen: %w", m.Name, n, vmfork.ErrUnsupported)
+}
+
+// ProxyURL implements vmfork.BrokerEndpoint.
+func (d *Driver) ProxyURL(m *vmfork.Machine, a broker.Addr) (string, error) {
+	if _, err := netip.ParseAddrPort(a.Address); err != nil || a.Network != "tcp" {
+		return "", fmt.Errorf("machine %q: secrets proxy at %s: want a tcp address", m.Name, a)
+	}
+	return "http://" + a.Address, nil
+}
+
+// hostAddr is interface name's first IPv4 address on the host.
+func hostAddr(name string) (netip.Addr, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%s has no IPv4 address", name)
 }
