@@ -50,7 +50,7 @@ func lookupTest(_ context.Context, host string) ([]netip.Addr, error) {
 
 // loopbackEgress lets a machine reach the test servers, on the host's
 // loopback (which egress all does not: see egressAllows).
-func loopbackEgress(t *testing.T) *contract.Egress {
+func loopbackEgress(t testing.TB) *contract.Egress {
 	t.Helper()
 	d, err := contract.ParseDest("127.0.0.0/8")
 	if err != nil {
@@ -66,7 +66,7 @@ type testPKI struct {
 	cert tls.Certificate
 }
 
-func newTestPKI(t *testing.T) testPKI {
+func newTestPKI(t testing.TB) testPKI {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -111,7 +111,7 @@ type apiServer struct {
 	got []seen
 }
 
-func newAPIServer(t *testing.T, pki *testPKI) *apiServer {
+func newAPIServer(t testing.TB, pki *testPKI) *apiServer {
 	t.Helper()
 	s := &apiServer{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -184,14 +184,14 @@ func guestClient(a Addr, roots ...*x509.Certificate) *http.Client {
 func bearer(ph string) string { return "Bearer " + ph }
 
 // testLog sends a broker's log to the test's.
-func testLog(t *testing.T) *logrus.Entry {
+func testLog(t testing.TB) *logrus.Entry {
 	l := logrus.New()
 	l.SetOutput(testWriter{t})
 	l.SetLevel(logrus.DebugLevel)
 	return logrus.NewEntry(l)
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(b), "\n"))
@@ -199,7 +199,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 }
 
 // sockPath is a unix socket path short enough for sun_path.
-func sockPath(t *testing.T, name string) string {
+func sockPath(t testing.TB, name string) string {
 	t.Helper()
 	dir, err := shortTempDir(t)
 	if err != nil {
@@ -208,7 +208,7 @@ func sockPath(t *testing.T, name string) string {
 	return filepath.Join(dir, name)
 }
 
-func shortTempDir(t *testing.T) (string, error) {
+func shortTempDir(t testing.TB) (string, error) {
 	dir := t.TempDir()
 	if len(dir) < 80 {
 		return dir, nil

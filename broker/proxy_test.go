@@ -22,7 +22,7 @@ import (
 // rig is a host with vmfork's CA, two HTTPS test servers (api.test, to
 // which the secrets are bound, and other.test) and a plain HTTP one.
 type rig struct {
-	t     *testing.T
+	t     testing.TB
 	pki   testPKI
 	ca    *CA
 	api   *apiServer
@@ -32,7 +32,7 @@ type rig struct {
 	index int
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	t.Helper()
 	pki := newTestPKI(t)
 	ca, err := LoadOrCreateCA(t.TempDir())
