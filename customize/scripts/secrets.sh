@@ -15,7 +15,8 @@
 # Outputs:  stdout: one line, the files written and where the CA went.
 #           Exit 0; 1 when the input is cut short, a file cannot be written
 #           or the trust store's command fails. A guest whose family has no
-#           known trust store keeps the CA in $1 only, and says so.
+#           known trust store, or that lacks the store's command (a Debian
+#           without ca-certificates), keeps the CA in $1 only, and says so.
 # Must not: write any file but those its input names and the trust store's
 #           own; make a file that is not world-readable (none holds a
 #           value).
@@ -56,6 +57,10 @@ for want in $id $like; do
 		tid=${ts%% *} rest=${ts#* }
 		file=${rest%% *} cmd=${rest#* }
 		[ "$tid" = "$want" ] || continue
+		if [ -z "$R" ] && ! command -v "${cmd%% *}" >/dev/null 2>&1; then
+			echo "$n files; the guest has no ${cmd%% *} (its trust store is not installed): programs must trust $ca themselves"
+			exit 0
+		fi
 		mkdir -p "$R${file%/*}" && cat "$R$ca" >"$R$file" || exit 1
 		if [ -z "$R" ]; then
 			$cmd >/dev/null 2>&1 </dev/null || { echo "$cmd failed"; exit 1; }

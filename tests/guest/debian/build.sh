@@ -34,11 +34,14 @@ security=http://deb.debian.org/debian-security
 suite=bookworm
 # What a minimal Debian server with an agent has; python3 beside python3-minimal because
 # Ansible's modules import json, which python3-minimal lacks. Recommends are left out, as on a minbase
-# install; dbus is installed and masked at boot for the variant without it.
+# install; dbus is installed and masked at boot for the variant without it. curl and
+# ca-certificates: what a server that calls HTTPS APIs has, and what the brokered-secrets test
+# drives (the contract installs vmfork's CA with update-ca-certificates).
 packages=(
 	systemd-sysv udev dbus linux-image-amd64 initramfs-tools
 	openssh-server qemu-guest-agent python3-minimal python3
 	iproute2 procps ifupdown isc-dhcp-client iputils-ping
+	curl ca-certificates
 )
 outputs=(vmlinuz initrd.img root.qcow2 kernel-release variants)
 
