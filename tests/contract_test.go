@@ -106,6 +106,46 @@ func (e *env) reachesUDP(name string, srv *echoServers) bool {
 	return true
 }
 
+// ticker is a TCP server on the host's loopback that writes a tick to each
+// connection every 100 ms until it goes: a peer that holds connections
+// open across a fork.
+type ticker struct {
+	port  int
+	mu    sync.Mutex
+	conns int
+}
+
+func startTicker(t *testing.T) *ticker {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	tk := &ticker{port: l.Addr().(*net.TCPAddr).Port}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			tk.mu.Lock()
+			tk.conns++
+			tk.mu.Unlock()
+			go func() {
+				defer c.Close()
+				for i := 0; ; i++ {
+					if _, err := fmt.Fprintf(c, "tick %d\n", i); err != nil {
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+		}
+	}()
+	return tk
+}
+
 // reaches reports whether machine name gets an echo from the host's
 // loopback TCP port (busybox nc; its wget crashes in the test guest).
 func (e *env) reaches(name string, port int) bool {
@@ -130,6 +170,16 @@ func (e *env) contractOf(name string) (egress string, rules []string) {
 		return "", st.Rules
 	}
 	return string(st.Contract.Network.Egress), st.Rules
+}
+
+// stepDetail is the detail of step in child's identity result in fr.
+func stepDetail(fr forkIDJSON, child, step string) string {
+	for _, c := range fr.Children {
+		if c.Name == child && c.Identity != nil {
+			return c.Identity.step(step).Detail
+		}
+	}
+	return ""
 }
 
 // dropCount is the packet count of the rule whose line holds what.
@@ -187,11 +237,23 @@ func TestContractUserNetwork(t *testing.T) {
 		}
 		return p
 	}
-	none := write("none.yaml", "network: {egress: none, connections: keep}\n")
+	// c-none's contract resets its inherited connections (the default);
+	// c-allow's keeps them.
+	none := write("none.yaml", "network: {egress: none}\n")
 	allow := write("allow.yaml", fmt.Sprintf("network: {egress: {allow: [localhost:%d]}, connections: keep}\n", srv.tcp))
 	e.boot("src")
 	if !e.reaches("src", srv.tcp) || !e.reachesUDP("src", srv) {
 		t.Fatal("the source does not reach the host's echo servers: the test cannot tell anything")
+	}
+	// The source holds a connection open across the forks: a reader that
+	// notes when its connection ends.
+	tk := startTicker(t)
+	e.exec("src", "sh", "-c", fmt.Sprintf("(nc 10.0.2.2 %d >/tmp/held.out; echo ended >/tmp/held.done) >/dev/null 2>&1 &", tk.port))
+	if !eventually(10*time.Second, func() bool {
+		out, _ := e.tryExec("src", "cat", "/tmp/held.out")
+		return strings.Contains(out, "tick 2")
+	}) {
+		t.Fatal("the source's reader gets no ticks")
 	}
 
 	// The dry run shows the children's contract.
@@ -206,7 +268,37 @@ func TestContractUserNetwork(t *testing.T) {
 	if plan.Contract.Network.Egress != "none" {
 		t.Errorf("dry run's contract %+v, want egress none", plan.Contract)
 	}
-	e.ok("fork", "src", "c-none", "--contract", none)
+	var fr forkIDJSON
+	e.jsonOK(&fr, "fork", "src", "c-none", "--contract", none)
+	ready := time.Now()
+	t.Run("connections reset", func(t *testing.T) {
+		// Closed before the child's NIC came up: its reader has ended by
+		// the time it is READY (within 1 s, for the guest to write it down).
+		if !eventually(time.Second, func() bool {
+			out, _ := e.tryExec("c-none", "cat", "/tmp/held.done")
+			return strings.Contains(out, "ended")
+		}) {
+			t.Errorf("c-none's reader of the inherited connection still waits %v after READY", time.Since(ready))
+		}
+		if d := stepDetail(fr, "c-none", "vmfork.connections"); !strings.Contains(d, "closed 1 inherited") {
+			t.Errorf("c-none's connections step: %q, want 1 closed", d)
+		}
+		// The peer only ever talks to the parent, and still does.
+		out1, _ := e.tryExec("src", "wc", "-l", "/tmp/held.out")
+		time.Sleep(500 * time.Millisecond)
+		out2, _ := e.tryExec("src", "wc", "-l", "/tmp/held.out")
+		if out1 == out2 {
+			t.Errorf("the parent's reader stopped getting ticks after the fork (%q, then %q)", out1, out2)
+		}
+		if r := e.vmfork("exec", "src", "--", "test", "-e", "/tmp/held.done"); r.code == 0 {
+			t.Error("the parent's connection ended with the fork")
+		}
+		tk.mu.Lock()
+		defer tk.mu.Unlock()
+		if tk.conns != 1 {
+			t.Errorf("the peer saw %d connections, want the parent's alone", tk.conns)
+		}
+	})
 	e.ok("fork", "src", "c-allow", "--contract", allow)
 	t.Run("egress none", func(t *testing.T) {
 		if e.reaches("c-none", srv.tcp) || e.reachesUDP("c-none", srv) {
