@@ -236,21 +236,17 @@ var libvirtReapCommand = &cli.Command{
 			logrus.WithField("dir", gone).Debug("libvirt reap: the store is gone; nothing to reap")
 			return nil
 		}
-		ctx, cancel := appContext(cliCtx)
-		defer cancel()
-		mg, err := newManager(cliCtx)
-		if err != nil {
-			return err
-		}
-		r, ok := mg.Driver.(reaper)
-		if !ok {
-			return fmt.Errorf("libvirt reap: driver %q: %w", mg.Driver.Name(), vmfork.ErrUnsupported)
-		}
 		name := cliCtx.Args().First()
-		if err := r.WaitDomainGone(ctx, name, cliCtx.String("uuid")); err != nil {
-			return err
-		}
-		return mg.RemoveEnded(ctx, name)
+		return run(cliCtx, func(v verb) error {
+			r, ok := v.mg.Driver.(reaper)
+			if !ok {
+				return fmt.Errorf("libvirt reap: driver %q: %w", v.mg.Driver.Name(), vmfork.ErrUnsupported)
+			}
+			if err := r.WaitDomainGone(v.ctx, name, cliCtx.String("uuid")); err != nil {
+				return err
+			}
+			return v.mg.RemoveEnded(v.ctx, name)
+		})
 	},
 }
 
