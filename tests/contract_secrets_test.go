@@ -171,7 +171,12 @@ func TestContractSecretsDebian(t *testing.T) {
 	// against the host's store and this test CA.
 	t.Setenv("VMFORK_BROKER_EXTRA_ROOTS", caFile)
 	c := filepath.Join(t.TempDir(), "secret.yaml")
-	os.WriteFile(c, []byte(`secrets:
+	// The servers listen on the host's loopback, which a child's proxy
+	// reaches only where its egress names it (no guest on a network could).
+	os.WriteFile(c, []byte(`network:
+  egress:
+    allow: [`+apiName+`:`+portOf(servers[apiName].Server)+`, `+otherName+`:`+portOf(servers[otherName].Server)+`]
+secrets:
   TOKEN:
     hosts: [`+apiName+`]
     format: "Bearer {value}"
