@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,10 +17,11 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Contract is what a machine may be: what it may reach and which secrets
-// the host adds to its requests. The zero Contract (and a nil one) says
-// nothing and enforces nothing: the machine is a perfect copy of its
-// parent, as without a contract.
+// Contract is what a machine may be: what it may reach, which secrets the
+// host adds to its requests, and which secret files a child must not keep
+// of its parent's. The zero Contract (and a nil one) says nothing and
+// enforces nothing: the machine is a perfect copy of its parent, as
+// without a contract.
 type Contract struct {
 	// Network says what the machine may reach; nil reaches everything
 	// and keeps its connections, as a machine without a contract does.
@@ -28,6 +30,11 @@ type Contract struct {
 	// a placeholder, and the host's broker puts the value in its requests
 	// to the secret's hosts.
 	Secrets map[string]Secret `json:"secrets,omitempty" yaml:"secrets,omitempty"`
+	// SecretFiles are the guest's own files that hold secrets: a fork
+	// child gets them wiped or rotated (its own value) before its NIC
+	// comes up. Nil, or one that lists nothing, leaves them as the parent
+	// has them.
+	SecretFiles *SecretFiles `json:"secret_files,omitempty" yaml:"secret_files,omitempty"`
 }
 
 // Network is a contract's network part: the only part a running machine's
@@ -207,7 +214,8 @@ var (
 )
 
 // Validate checks every field and fills in the defaults (DNS host,
-// connections reset, header Authorization, format {value}). The first
+// connections reset, header Authorization, format {value}; a secret_files
+// that lists nothing is dropped). The first
 // problem found is returned as an *Error naming the field.
 func (c *Contract) Validate() error {
 	if c == nil {
@@ -216,6 +224,14 @@ func (c *Contract) Validate() error {
 	if n := c.Network; n != nil {
 		if err := n.validate(); err != nil {
 			return err
+		}
+	}
+	if c.SecretFiles != nil {
+		if err := c.SecretFiles.validate(); err != nil {
+			return err
+		}
+		if c.SecretFiles.empty() {
+			c.SecretFiles = nil // asks for nothing, as if absent
 		}
 	}
 	names := make([]string, 0, len(c.Secrets))
@@ -319,7 +335,7 @@ func (c *Contract) SecretNames() []string {
 // Enforced reports whether c asks for anything: a machine whose contract
 // asks for nothing is a perfect copy, as one without a contract is.
 func (c *Contract) Enforced() bool {
-	return c != nil && (c.Network != nil || len(c.Secrets) > 0)
+	return c != nil && (c.Network != nil || len(c.Secrets) > 0 || !c.SecretFiles.empty())
 }
 
 // Clone returns a deep copy of c (nil for nil).
@@ -338,6 +354,12 @@ func (c *Contract) Clone() *Contract {
 		for k, s := range c.Secrets {
 			s.Hosts = slices.Clone(s.Hosts)
 			out.Secrets[k] = s
+		}
+	}
+	if f := c.SecretFiles; f != nil {
+		out.SecretFiles = &SecretFiles{Wipe: slices.Clone(f.Wipe)}
+		if f.Rotate != nil {
+			out.SecretFiles.Rotate = maps.Clone(f.Rotate)
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package contract
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,6 +63,11 @@ secrets:
   DB_PASS:
     hosts: [db.example.com]
     value_from: {env: DB_PASS}
+secret_files:
+  wipe: [/var/cache/app/session, "/home/app/my cookies"]
+  rotate:
+    /etc/app/token: {exec: 'echo "tok-$VMFORK_NAME"'}
+    /etc/app/db pass: {exec: mint-db-pass}
 `
 
 func TestParseYAMLAndJSONAgree(t *testing.T) {
@@ -80,11 +86,16 @@ func TestParseYAMLAndJSONAgree(t *testing.T) {
 	if db := c.Secrets["DB_PASS"]; db.Header != "Authorization" || db.Format != "{value}" {
 		t.Errorf("DB_PASS defaults = %+v", db)
 	}
+	if f := c.SecretFiles; f == nil || len(f.Wipe) != 2 || f.Wipe[1] != "/home/app/my cookies" ||
+		f.Rotate["/etc/app/token"].Exec != `echo "tok-$VMFORK_NAME"` || strings.Join(f.RotatePaths(), ",") != "/etc/app/db pass,/etc/app/token" {
+		t.Errorf("secret_files = %+v", f)
+	}
 	js, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(js), `"egress":{"allow":["api.example.com:443","10.0.0.0/8:5432","192.168.7.0/24"]}`) {
+	if !strings.Contains(string(js), `"egress":{"allow":["api.example.com:443","10.0.0.0/8:5432","192.168.7.0/24"]}`) ||
+		!strings.Contains(string(js), `"secret_files":{"wipe":["/var/cache/app/session","/home/app/my cookies"],"rotate":{"/etc/app/db pass":{"exec":"mint-db-pass"},`) {
 		t.Errorf("JSON = %s", js)
 	}
 	back, err := ParseJSON(js)
@@ -128,6 +139,21 @@ func TestDefaults(t *testing.T) {
 	if none.Enforced() || (&Contract{}).Enforced() || none.NetworkOf().Connections != ConnKeep {
 		t.Error("a nil or empty contract must enforce nothing and keep connections")
 	}
+	// secret_files alone is a contract; one that lists nothing is none.
+	for in, want := range map[string]bool{
+		"secret_files: {wipe: [/etc/x]}":                         true,
+		`{"secret_files": {"rotate": {"/x": {"exec": "true"}}}}`: true,
+		"secret_files: {}":                                       false,
+		"secret_files: {wipe: [], rotate: {}}":                   false,
+	} {
+		c, err := ParseYAML([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if c.Enforced() != want || (!want && c.SecretFiles != nil) {
+			t.Errorf("%s: Enforced() = %v, secret_files %+v; want %v", in, c.Enforced(), c.SecretFiles, want)
+		}
+	}
 }
 
 // Bad input: one error naming the field, wrapping ErrInvalid.
@@ -152,6 +178,20 @@ func TestBadContracts(t *testing.T) {
 		{"secrets: {TOKEN: {hosts: [a.example], format: Bearer, value_from: {env: T}}}", "secrets.TOKEN.format"},
 		{"secrets: {TOKEN: {hosts: [a.example], header: 'Bad Header', value_from: {env: T}}}", "secrets.TOKEN.header"},
 		{"secrets: {TOKEN: {hosts: [10.0.0.1], value_from: {env: T}}}", "secrets.TOKEN.hosts[0]"},
+		{"secret_files: {wipe: [etc/x]}", "secret_files.wipe[0]"},
+		{"secret_files: {wipe: [/etc/x, /etc/../shadow]}", "secret_files.wipe[1]"},
+		{"secret_files: {wipe: [/etc/x/]}", "secret_files.wipe[0]"},
+		{"secret_files: {wipe: [/etc//x]}", "secret_files.wipe[0]"},
+		{"secret_files: {wipe: [/]}", "secret_files.wipe[0]"},
+		{"secret_files: {wipe: [\"/etc/a\\nb\"]}", "secret_files.wipe[0]"},
+		{"secret_files: {wipe: [/etc/x, /etc/y, /etc/x]}", "secret_files.wipe[2]"},
+		{"secret_files: {rotate: {etc/token: {exec: x}}}", "secret_files.rotate.etc/token"},
+		{"secret_files: {rotate: {/etc/a/../token: {exec: x}}}", "secret_files.rotate./etc/a/../token"},
+		{"secret_files: {rotate: {/etc/app/token: {exec: ''}}}", "secret_files.rotate./etc/app/token.exec"},
+		{"secret_files: {rotate: {/etc/app/token: {}}}", "secret_files.rotate./etc/app/token.exec"},
+		{"secret_files: {rotate: {/etc/app/token: {exec: x, env: Y}}}", "env"},
+		{"secret_files: {wipe: [/etc/app/token], rotate: {/etc/app/token: {exec: x}}}", "secret_files.rotate./etc/app/token"},
+		{"secret_files: {shred: [/etc/x]}", "shred"},
 	} {
 		_, err := ParseYAML([]byte(c.in))
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.field) || strings.Contains(err.Error(), "\n") {
@@ -160,6 +200,22 @@ func TestBadContracts(t *testing.T) {
 	}
 	if _, err := ParseJSON([]byte(`{"network": {"egress": "none"}, "extra": 1}`)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "extra") {
 		t.Errorf("ParseJSON with an unknown key: %v", err)
+	}
+	for in, field := range map[string]string{
+		`{"secret_files": {"rotate": {"/etc/app/token": {"exec": " "}}}}`: "secret_files.rotate./etc/app/token.exec",
+		`{"secret_files": {"rotate": {"/etc/app/token": {"cmd": "x"}}}}`:  "cmd",
+		`{"secret_files": {"wipe": ["/a", "/a"]}}`:                        "secret_files.wipe[1]",
+	} {
+		if _, err := ParseJSON([]byte(in)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), field) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("ParseJSON(%s) = %v, want one line naming %s", in, err, field)
+		}
+	}
+	var many strings.Builder
+	for i := range maxSecretFiles + 1 {
+		fmt.Fprintf(&many, "/f%d,", i)
+	}
+	if _, err := ParseYAML([]byte("secret_files: {wipe: [" + strings.TrimSuffix(many.String(), ",") + "]}")); err == nil || !strings.Contains(err.Error(), "secret_files: lists 65 files") {
+		t.Errorf("too many files: %v", err)
 	}
 }
 
@@ -176,7 +232,10 @@ func TestLoadAndClone(t *testing.T) {
 	d := c.Clone()
 	d.Network.Egress.Allow[0].Port = 1
 	d.Secrets["DB_PASS"].Hosts[0] = "other.example"
-	if c.Network.Egress.Allow[0].Port != 443 || c.Secrets["DB_PASS"].Hosts[0] != "db.example.com" {
+	d.SecretFiles.Wipe[0] = "/other"
+	d.SecretFiles.Rotate["/etc/app/token"] = Rotate{Exec: "other"}
+	if c.Network.Egress.Allow[0].Port != 443 || c.Secrets["DB_PASS"].Hosts[0] != "db.example.com" ||
+		c.SecretFiles.Wipe[0] != "/var/cache/app/session" || c.SecretFiles.Rotate["/etc/app/token"].Exec == "other" {
 		t.Error("Clone shares memory with its original")
 	}
 	if got := c.SecretNames(); strings.Join(got, ",") != "DB_PASS,GITHUB_TOKEN" {
