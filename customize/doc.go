@@ -35,6 +35,14 @@
 //	                      exactly one IPv4 address, a gratuitous ARP
 //	vmfork.hooks          run /etc/vmfork/post-fork.d/* in name order
 //
+// A child with a fork contract (package contract) gets the contract's
+// guest steps too, added by the caller: vmfork.connections (its inherited
+// TCP connections closed), vmfork.secret-files.wipe and
+// vmfork.secret-files.rotate (files of its parent's secrets deleted, or
+// rewritten with its own value: secretfiles.go), all before vmfork.network,
+// and vmfork.secrets (its brokered secrets' placeholders) before
+// vmfork.hooks.
+//
 // The order matters. Everything another machine could see of the child
 // (hostname, machine-id, host keys) changes before the network step, and the
 // network step changes the MAC before any packet leaves. systemd-networkd

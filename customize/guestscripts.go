@@ -43,7 +43,8 @@ var (
 	hooksScript     = guestScript("hooks.sh")
 	listScript      = guestScript("hooks-list.sh")
 	runScript       = guestScript("run-script.sh")
-	// contract.go has connectionsScript and secretsScript.
+	// contract.go has connectionsScript and secretsScript, secretfiles.go
+	// wipeScript and rotateScript.
 )
 
 // guestScript returns the script in scripts/name without its contract and

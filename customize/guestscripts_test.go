@@ -107,6 +107,8 @@ func TestGuestScriptsAgreeWithGo(t *testing.T) {
 		{batchHead, "batch-head.sh", "printf '\\n" + octal(batchMark) + " end %s %s %s\\n'"},
 		{batchHead, "batch-head.sh", "case $vmfork_rc in 0 | " + strconv.Itoa(exitNothingToDo) + ") return 0 ;; esac"},
 		{sshScript, "ssh-keys.sh", "m='" + keyMark + "'"},
+		{secretsScript, "secrets.sh", "m='" + keyMark + "'"},
+		{rotateScript, "secret-files-rotate.sh", "m='" + keyMark + "'"},
 		{netDownScript, "network-down.sh", "state=$R/run/.vmfork-network\n"},
 		{netUpScript, "network-up.sh", `[ -r "$R/run/.vmfork-network" ] && . "$R/run/.vmfork-network"`},
 	} {
