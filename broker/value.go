@@ -96,6 +96,21 @@ func Resolve(ctx context.Context, name string, s contract.Secret, child ChildInf
 }
 
 func resolveExec(ctx context.Context, command string, child ChildInfo) ([]byte, error) {
+	return RunHook(ctx, command, child, MaxValueBytes+2) // +2: a trailing \r\n
+}
+
+// RunHook runs an exec hook for child, as a secret's value_from.exec and a
+// secret file's rotate.exec do: command through /bin/sh -c on the host, in
+// /, with this process's environment plus VMFORK_NAME, VMFORK_PARENT and
+// VMFORK_INDEX, in a process group of its own. It returns the hook's
+// standard output as it is, at most max bytes (more is an error wrapping
+// ErrNoValue). It takes at most ResolveTimeout (less if ctx ends sooner):
+// a hook still running then is killed with everything it started. A
+// non-zero exit is an error carrying the hook's trimmed stderr; no error
+// holds the command or its output, either of which may hold the value.
+func RunHook(ctx context.Context, command string, child ChildInfo, max int) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
 	cmd.Env = append(os.Environ(),
 		"VMFORK_NAME="+child.Name,
@@ -107,7 +122,7 @@ func resolveExec(ctx context.Context, command string, child ChildInfo) ([]byte, 
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = hookWaitDelay
 	var stdout, stderr boundedBuffer
-	stdout.max, stderr.max = MaxValueBytes+2, maxStderrBytes // +2: a trailing \r\n
+	stdout.max, stderr.max = max, maxStderrBytes
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if err != nil {
@@ -119,7 +134,7 @@ func resolveExec(ctx context.Context, command string, child ChildInfo) ([]byte, 
 		return nil, fmt.Errorf("%w: stderr=%#q", err, strings.TrimSpace(stderr.String()))
 	}
 	if stdout.overflow {
-		return nil, fmt.Errorf("output larger than %d bytes: %w", MaxValueBytes, ErrNoValue)
+		return nil, fmt.Errorf("output larger than %d bytes: %w", max, ErrNoValue)
 	}
 	return stdout.Bytes(), nil
 }
@@ -164,20 +179,26 @@ func checkValue(v []byte) error {
 }
 
 // boundedBuffer keeps the first max bytes written to it and notes whether
-// more came; it never fails a write, so the writer is never blocked.
+// more came; it never fails a write, so the writer is never blocked. The
+// buffer is a field, not embedded: an embedded bytes.Buffer's ReadFrom,
+// which io.Copy (and so exec.Cmd's output copy) prefers to Write, would
+// take everything.
 type boundedBuffer struct {
-	bytes.Buffer
+	buf      bytes.Buffer
 	max      int
 	overflow bool
 }
 
 func (b *boundedBuffer) Write(p []byte) (int, error) {
-	if room := b.max - b.Len(); room < len(p) {
+	if room := b.max - b.buf.Len(); room < len(p) {
 		b.overflow = true
 		if room > 0 {
-			b.Buffer.Write(p[:room])
+			b.buf.Write(p[:room])
 		}
 		return len(p), nil
 	}
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
 }
+
+func (b *boundedBuffer) Bytes() []byte  { return b.buf.Bytes() }
+func (b *boundedBuffer) String() string { return b.buf.String() }

@@ -102,3 +102,19 @@ func TestResolveEnvAndFile(t *testing.T) {
 		t.Errorf("file: %q, %v; want from-file", v, err)
 	}
 }
+
+// RunHook gives the output as it is (a file's content keeps its newlines),
+// bounded, with the child in the environment.
+func TestRunHook(t *testing.T) {
+	child := ChildInfo{Name: "web-2", Parent: "web", Index: 2}
+	v, err := RunHook(t.Context(), `printf 'a\n%s %s %s\n\n' "$VMFORK_NAME" "$VMFORK_PARENT" "$VMFORK_INDEX"`, child, 64)
+	if err != nil || string(v) != "a\nweb-2 web 2\n\n" {
+		t.Errorf("RunHook = %q, %v; want the output as it is", v, err)
+	}
+	if _, err := RunHook(t.Context(), `printf 0123456789`, child, 9); !errors.Is(err, ErrNoValue) || !strings.Contains(err.Error(), "larger than 9 bytes") {
+		t.Errorf("10 bytes of at most 9: %v", err)
+	}
+	if _, err := RunHook(t.Context(), `echo `+secretBits+`; exit 4`, child, 64); err == nil || strings.Contains(err.Error(), secretBits) {
+		t.Errorf("a failing hook: %v, want an error without its output", err)
+	}
+}
