@@ -166,12 +166,14 @@ func (mg *Manager) unbroker(ctx context.Context, m *Machine) {
 
 // contractSteps adds the guest's part of c's contract to its identity
 // chain: the inherited connections closed before its NIC comes up (a live
-// child only: one that boots has none), and its brokered secrets' files
-// and CA before its hooks run.
+// child only: one that boots has none), then its secret files wiped and
+// rotated (secretfiles.go), and its brokered secrets' files and CA before
+// its hooks run.
 func (mg *Manager) contractSteps(chain customize.Chain, c *Machine, live bool) (customize.Chain, error) {
 	if live && c.Contract.NetworkOf().Connections == contract.ConnReset {
 		chain = chain.InsertBefore(customize.StepNetwork, customize.ConnectionsStep())
 	}
+	chain = secretFileSteps(chain, c)
 	if c.Broker != nil {
 		files, err := mg.guestSecretFiles(c)
 		if err != nil {

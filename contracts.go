@@ -16,8 +16,8 @@ import (
 // unless its fork names another. The driver enforces the host's part
 // (Enforcer): egress rules go with the machine's process and network, and
 // are removed with it. The identity chain applies the guest's part (the
-// inherited connections reset, the secrets' placeholders) before a child's
-// NIC comes up. A contract the driver cannot enforce for a machine's
+// inherited connections reset, the secret files wiped and rotated, the
+// secrets' placeholders) before a child's NIC comes up. A contract the driver cannot enforce for a machine's
 // network is refused by the plan, before anything is paused; it is never
 // ignored.
 
@@ -60,6 +60,9 @@ func (mg *Manager) checkContract(ctx context.Context, verb, name string, m *Mach
 	if err := mg.checkSecrets(m, c); err != nil {
 		return refuse(err)
 	}
+	if err := checkSecretFiles(c); err != nil {
+		return refuse(err)
+	}
 	return nil
 }
 
@@ -92,6 +95,9 @@ func describeContract(c *contract.Contract) string {
 	}
 	for _, name := range c.SecretNames() {
 		parts = append(parts, fmt.Sprintf("secret %s for %s", name, strings.Join(c.Secrets[name].Hosts, ", ")))
+	}
+	if f := describeSecretFiles(c.SecretFiles); f != "" {
+		parts = append(parts, f)
 	}
 	return "enforce the contract: " + strings.Join(parts, "; ")
 }
