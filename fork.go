@@ -463,9 +463,11 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 	// A kept template's warm pool serves the first children. Its members
 	// have fresh vmgenids, so a reproducible identity starts cold.
 	var members []*Machine
-	// Nor do children with a contract: a member's QEMU was started without
-	// their egress rules, and outside their cgroup.
-	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible && !p.contract.Enforced() {
+	// Nor do children whose contract the host enforces: a member's QEMU was
+	// started without their egress rules, outside their cgroup, and
+	// unknown to the broker. Guest steps alone (connections, secret
+	// files) run after a member is claimed, as on any child.
+	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible && !p.contract.OnHost() {
 		members = mg.takePool(ctx, tpl, len(children))
 	}
 	out := make([]childOutcome, len(children))

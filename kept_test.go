@@ -3,6 +3,7 @@ package vmfork
 import (
 	"context"
 	"errors"
+	"github.com/vmfork/vmfork/contract"
 	"os"
 	"path/filepath"
 	"strings"
@@ -281,3 +282,40 @@ func TestPoolResizeAndReproducibleForkStartsCold(t *testing.T) {
 		t.Errorf("%d pool members alive after Unkeep", n)
 	}
 }
+
+// A contract of guest steps alone (secret files) leaves the warm pool to
+// serve its children; one the host enforces (egress) starts them cold.
+func TestPoolServesGuestOnlyContracts(t *testing.T) {
+	mg, d := newPoolManager(t)
+	mg.Driver = enforcingPool{d}
+	bootFake(t, mg, "src")
+	if _, err := mg.Keep(t.Context(), KeepRequest{Source: "src", Name: "golden", Pool: 2}); err != nil {
+		t.Fatal(err)
+	}
+	files := &contract.Contract{SecretFiles: &contract.SecretFiles{Wipe: []string{"/etc/app/session"}}}
+	if _, err := mg.Fork(t.Context(), ForkRequest{Source: "golden", Count: 1, Identity: quietChain, Contract: files}); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.completed) != 1 || len(d.started) != 0 {
+		t.Errorf("secret files only: from the pool %v, cold %v; want the pool's", d.completed, d.started)
+	}
+	if files.OnHost() {
+		t.Error("a contract of secret files alone says the host enforces it")
+	}
+	for _, c := range []*contract.Contract{
+		{Network: &contract.Network{Egress: contract.Egress{Mode: contract.EgressNone}}},
+		{Network: &contract.Network{DNS: contract.DNSNone}},
+		{Secrets: map[string]contract.Secret{"T": {Hosts: []string{"a.example"}}}},
+	} {
+		if !c.OnHost() {
+			t.Errorf("%+v: OnHost() = false, want true", c)
+		}
+	}
+}
+
+// enforcingPool is the pool driver with host rules that always hold.
+type enforcingPool struct{ *poolDriver }
+
+func (enforcingPool) CheckContract(context.Context, *Machine, *contract.Contract) error { return nil }
+func (enforcingPool) ApplyContract(context.Context, *Machine, *contract.Contract) error { return nil }
+func (enforcingPool) DescribeContract(context.Context, *Machine) ([]string, error)      { return nil, nil }

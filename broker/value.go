@@ -22,7 +22,8 @@ type ChildInfo struct {
 	Name string `json:"name"`
 	// Parent is the machine it was forked from; empty for a root machine.
 	Parent string `json:"parent,omitempty"`
-	// Index is its index among its fork's children (0 for the first).
+	// Index is its place among its fork's children, 1 for the first (0
+	// for a booted machine, which has no fork).
 	Index int `json:"index"`
 }
 

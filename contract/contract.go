@@ -338,6 +338,15 @@ func (c *Contract) Enforced() bool {
 	return c != nil && (c.Network != nil || len(c.Secrets) > 0 || !c.SecretFiles.empty())
 }
 
+// OnHost reports whether enforcing c needs the host to act for the
+// machine from the moment its QEMU starts: egress rules other than all,
+// DNS refused, or the broker for its secrets. A contract that is only
+// guest steps (connections reset, secret files) does not.
+func (c *Contract) OnHost() bool {
+	n := c.NetworkOf()
+	return c != nil && (n.Egress.Mode != EgressAll || n.DNS == DNSNone || len(c.Secrets) > 0)
+}
+
 // Clone returns a deep copy of c (nil for nil).
 func (c *Contract) Clone() *Contract {
 	if c == nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -101,6 +103,14 @@ func printContract(st *vmfork.ContractStatus) {
 		fmt.Printf("egress:      %s\ndns:         %s\nconnections: %s\n", egress, n.DNS, n.Connections)
 		for _, s := range c.SecretNames() {
 			fmt.Printf("secret:      %s for %s (header %s)\n", s, strings.Join(c.Secrets[s].Hosts, ", "), c.Secrets[s].Header)
+		}
+		if f := c.SecretFiles; f != nil {
+			for _, p := range f.Wipe {
+				fmt.Printf("wipe:        %s\n", p)
+			}
+			for _, p := range slices.Sorted(maps.Keys(f.Rotate)) {
+				fmt.Printf("rotate:      %s\n", p)
+			}
 		}
 	}
 	if len(st.Rules) > 0 {
