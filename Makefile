@@ -17,7 +17,7 @@ BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
 FAILPOINTS_BIN ?= $(CURDIR)/bin/vmfork-failpoints
 GO        ?= go
 
-.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-all crash-matrix vet clean ansible-unit
+.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-all crash-matrix vet clean ansible-unit
 
 all: build
 
@@ -116,6 +116,11 @@ bench-burst: deps build guest
 
 bench-scale: deps build guest
 	$(BENCH_BIN) bench scale --guest $(GUEST_OUT) --plot docs/bench-scale.svg
+
+# What a fork contract adds to a child's READY, with and without, per guest
+# and network (docs/BENCHMARKS.md, "The fork contract").
+bench-contract: deps build guest guest-debian
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -run '^$$' -bench BenchmarkContractReady -benchtime 6x -timeout 40m ./tests/
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
