@@ -181,7 +181,7 @@ func (mg *Manager) contractSteps(chain customize.Chain, c *Machine, live bool) (
 		}
 		var stores []customize.TrustStore
 		for _, ts := range broker.TrustStores() {
-			stores = append(stores, customize.TrustStore{ID: ts.ID, File: ts.File, Update: ts.Update})
+			stores = append(stores, customize.TrustStore{ID: ts.ID, File: ts.File, Bundle: ts.Bundle, Update: ts.Update})
 		}
 		chain = chain.InsertBefore(customize.StepHooks, customize.SecretsStep(files, broker.GuestCAFile, stores))
 	}

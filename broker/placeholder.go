@@ -141,6 +141,12 @@ func GuestFiles(g Guest) (map[string][]byte, error) {
 type TrustStore struct {
 	// File is where the CA certificate (PEM) goes.
 	File string
+	// Bundle is the file of every trusted certificate (PEM) that Update
+	// writes and programs read. The secrets step appends the CA to it
+	// itself: Update rebuilds every certificate's links, a minute and more
+	// of a fresh child's time under TCG; run later, it keeps the CA, which
+	// it finds in File.
+	Bundle string
 	// Update is the command (argv) that adds it to the bundle programs
 	// read.
 	Update []string
@@ -149,15 +155,15 @@ type TrustStore struct {
 // trustStores by guest family (os-release ID or ID_LIKE).
 var trustStores = map[string]TrustStore{
 	// ca-certificates: only *.crt files under this directory are read.
-	"debian": {File: "/usr/local/share/ca-certificates/vmfork.crt", Update: []string{"update-ca-certificates"}},
+	"debian": {File: "/usr/local/share/ca-certificates/vmfork.crt", Bundle: "/etc/ssl/certs/ca-certificates.crt", Update: []string{"update-ca-certificates"}},
 	// Alpine's ca-certificates package works as Debian's.
-	"alpine": {File: "/usr/local/share/ca-certificates/vmfork.crt", Update: []string{"update-ca-certificates"}},
+	"alpine": {File: "/usr/local/share/ca-certificates/vmfork.crt", Bundle: "/etc/ssl/certs/ca-certificates.crt", Update: []string{"update-ca-certificates"}},
 	// p11-kit's anchors: Fedora, RHEL, CentOS, Rocky, Alma.
-	"fedora": {File: "/etc/pki/ca-trust/source/anchors/vmfork.pem", Update: []string{"update-ca-trust", "extract"}},
+	"fedora": {File: "/etc/pki/ca-trust/source/anchors/vmfork.pem", Bundle: "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", Update: []string{"update-ca-trust", "extract"}},
 	// openSUSE and SLES.
-	"suse": {File: "/etc/pki/trust/anchors/vmfork.pem", Update: []string{"update-ca-certificates"}},
+	"suse": {File: "/etc/pki/trust/anchors/vmfork.pem", Bundle: "/var/lib/ca-certificates/ca-bundle.pem", Update: []string{"update-ca-certificates"}},
 	// Arch: p11-kit too, under another directory.
-	"arch": {File: "/etc/ca-certificates/trust-source/anchors/vmfork.pem", Update: []string{"update-ca-trust"}},
+	"arch": {File: "/etc/ca-certificates/trust-source/anchors/vmfork.pem", Bundle: "/etc/ca-certificates/extracted/tls-ca-bundle.pem", Update: []string{"update-ca-trust"}},
 }
 
 // familyAliases map os-release IDs to the family whose trust store they

@@ -56,10 +56,12 @@ func ConnectionsStep() Step {
 }
 
 // TrustStore is where a guest family keeps the certificates it trusts: an
-// os-release ID, the file the CA goes in, and the command that adds it.
+// os-release ID, the file the CA goes in, the bundle programs read, and
+// the command that rebuilds the bundle (package broker, TrustStore).
 type TrustStore struct {
 	ID     string
 	File   string
+	Bundle string
 	Update []string
 }
 
@@ -80,10 +82,10 @@ func SecretsStep(files map[string][]byte, caFile string, stores []TrustStore) St
 		}
 		args := []string{caFile}
 		for _, ts := range stores {
-			if strings.ContainsAny(ts.ID+ts.File, " \n") || len(ts.Update) == 0 {
+			if strings.ContainsAny(ts.ID+ts.File+ts.Bundle, " \n") || ts.File == "" || ts.Bundle == "" || len(ts.Update) == 0 {
 				return nil, fmt.Errorf("secrets: trust store %q: bad entry", ts.ID)
 			}
-			args = append(args, ts.ID+" "+ts.File+" "+strings.Join(ts.Update, " "))
+			args = append(args, ts.ID+" "+ts.File+" "+ts.Bundle+" "+strings.Join(ts.Update, " "))
 		}
 		return []*Part{{Script: secretsScript, Input: []byte(in.String()), Args: args}}, nil
 	}}

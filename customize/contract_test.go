@@ -53,8 +53,8 @@ esac`)
 
 func TestSecretsStep(t *testing.T) {
 	stores := []TrustStore{
-		{ID: "debian", File: "/usr/local/share/ca-certificates/vmfork.crt", Update: []string{"update-ca-certificates"}},
-		{ID: "fedora", File: "/etc/pki/ca-trust/source/anchors/vmfork.pem", Update: []string{"update-ca-trust", "extract"}},
+		{ID: "debian", File: "/usr/local/share/ca-certificates/vmfork.crt", Bundle: "/etc/ssl/certs/ca-certificates.crt", Update: []string{"update-ca-certificates"}},
+		{ID: "fedora", File: "/etc/pki/ca-trust/source/anchors/vmfork.pem", Bundle: "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", Update: []string{"update-ca-trust", "extract"}},
 	}
 	files := map[string][]byte{
 		"/etc/vmfork/secrets.env":   []byte("TOKEN=vmfork-secret-TOKEN-0123456789abcdef\nhttps_proxy=http://10.0.2.2:4000\n"),
@@ -77,6 +77,39 @@ func TestSecretsStep(t *testing.T) {
 		}
 		if d := res.Steps[0].Detail; !strings.Contains(d, "3 files") || !strings.Contains(d, "debian trust store") {
 			t.Errorf("detail %q", d)
+		}
+	})
+	// A guest with the bundle gets the CA appended to it, not the update
+	// command's minute; its child, whose anchor holds the CA already,
+	// leaves both alone.
+	eachShell(t, func(t *testing.T, g *guestTree, sh []string) {
+		fileTools(t, g)
+		g.file("/etc/os-release", "ID=debian\n")
+		g.file("/etc/ssl/certs/ca-certificates.crt", "-----BEGIN CERTIFICATE-----\nPUBLIC\n-----END CERTIFICATE-----\n")
+		before := g.read("/etc/ssl/certs/ca-certificates.crt")
+		_, res, err := runOn(t, g, sh, nil, SecretsStep(files, "/etc/vmfork/ca.pem", stores))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca := string(files["/etc/vmfork/ca.pem"])
+		if got := g.read("/etc/ssl/certs/ca-certificates.crt"); got != before+"\n"+ca {
+			t.Errorf("bundle = %q, want the old one and the CA", got)
+		}
+		if got := g.read("/usr/local/share/ca-certificates/vmfork.crt"); got != ca {
+			t.Errorf("trust store holds %q", got)
+		}
+		if d := res.Steps[0].Detail; !strings.Contains(d, "its bundle (/etc/ssl/certs/ca-certificates.crt)") {
+			t.Errorf("detail %q, want the bundle named", d)
+		}
+		_, res, err = runOn(t, g, sh, nil, SecretsStep(files, "/etc/vmfork/ca.pem", stores))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := g.read("/etc/ssl/certs/ca-certificates.crt"); got != before+"\n"+ca {
+			t.Errorf("a second run changed the bundle to %q", got)
+		}
+		if d := res.Steps[0].Detail; !strings.Contains(d, "already in the debian trust store") {
+			t.Errorf("second run's detail %q", d)
 		}
 	})
 	eachShell(t, func(t *testing.T, g *guestTree, sh []string) {

@@ -36,7 +36,7 @@ type guestTree struct {
 }
 
 // hostTools are the real commands the scripts may run on a fake guest.
-var hostTools = []string{"tr", "sleep", "chmod", "cat", "rm", "mkdir", "tail"}
+var hostTools = []string{"tr", "sleep", "chmod", "cat", "rm", "mkdir", "tail", "cmp"}
 
 func newGuestTree(t *testing.T) *guestTree {
 	t.Helper()

@@ -10,8 +10,15 @@
 #           files, each as a line "%vmfork% F PATH", its bytes, then a line
 #           "%vmfork% E" (the SSH keys' framing, keyMark in sshkeys.go).
 #           $1 is the CA file among them; $2... the trust stores, each
-#           "ID FILE COMMAND..." with ID an os-release ID (matched against
-#           the guest's ID, then its ID_LIKE).
+#           "ID FILE BUNDLE COMMAND..." with ID an os-release ID (matched
+#           against the guest's ID, then its ID_LIKE).
+# Trust:    the CA goes in FILE, where COMMAND finds it whenever it runs,
+#           and is appended to BUNDLE, the file programs read, replaced
+#           atomically. COMMAND itself runs only where the guest has no
+#           BUNDLE yet: it rebuilds every certificate's links, a minute and
+#           more per child under TCG. A FILE that already holds this CA
+#           (a child of a child, of a kept template whose source had it)
+#           is left as it is: its bundle has it too.
 # Outputs:  stdout: one line, the files written and where the CA went.
 #           Exit 0; 1 when the input is cut short, a file cannot be written
 #           or the trust store's command fails. A guest whose family has no
@@ -55,13 +62,28 @@ fi
 for want in $id $like; do
 	for ts in "$@"; do
 		tid=${ts%% *} rest=${ts#* }
-		file=${rest%% *} cmd=${rest#* }
+		file=${rest%% *} rest=${rest#* }
+		bundle=${rest%% *} cmd=${rest#* }
 		[ "$tid" = "$want" ] || continue
+		if [ -f "$R$file" ] && cmp -s "$R$ca" "$R$file"; then
+			echo "$n files; the CA already in the $want trust store ($file)"
+			exit 0
+		fi
 		if [ -z "$R" ] && ! command -v "${cmd%% *}" >/dev/null 2>&1; then
 			echo "$n files; the guest has no ${cmd%% *} (its trust store is not installed): programs must trust $ca themselves"
 			exit 0
 		fi
 		mkdir -p "$R${file%/*}" && cat "$R$ca" >"$R$file" || exit 1
+		b=$(readlink -f "$R$bundle")
+		if [ -n "$b" ] && [ -f "$b" ]; then
+			t=$(mktemp "$b.XXXXXX") || exit 1
+			if ! { cat "$b" && echo && cat "$R$ca"; } >"$t" || ! chmod 644 "$t" || ! mv -f "$t" "$b"; then
+				rm -f "$t"
+				exit 1
+			fi
+			echo "$n files; the CA added to the $want trust store ($file) and its bundle ($bundle)"
+			exit 0
+		fi
 		if [ -z "$R" ]; then
 			$cmd >/dev/null 2>&1 </dev/null || { echo "$cmd failed"; exit 1; }
 		fi
