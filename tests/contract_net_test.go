@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -115,11 +116,17 @@ func (s *netServers) reachesUDP(run guestRunner, name, ip string) bool {
 	return false
 }
 
+// hostsMu serializes the tests' edits of /etc/hosts (read, change, write
+// back): tests that run in parallel add and remove lines of their own.
+var hostsMu sync.Mutex
+
 // hostsEntry makes name resolve to ip on the host (/etc/hosts) for the
 // test, and takes the line out again when it ends: an allow list's names
 // are resolved on the host.
 func hostsEntry(t *testing.T, ip, name string) {
 	t.Helper()
+	hostsMu.Lock()
+	defer hostsMu.Unlock()
 	line := ip + " " + name + " # vmfork test " + t.Name() + "\n"
 	f, err := os.OpenFile("/etc/hosts", os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -131,6 +138,8 @@ func hostsEntry(t *testing.T, ip, name string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		hostsMu.Lock()
+		defer hostsMu.Unlock()
 		b, err := os.ReadFile("/etc/hosts")
 		if err != nil {
 			t.Errorf("read /etc/hosts: %v", err)
@@ -176,6 +185,7 @@ func egressChecks(t *testing.T, s *netServers, run guestRunner, parent, none, al
 // rules are a bridge table on its tap in the bridge's namespace, removed
 // with the child.
 func TestContractBridge(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	b := newBridgeNet(t)
 	e := newEnv(t)
 	b.inNamespace(t, e)
@@ -216,6 +226,7 @@ func TestContractBridge(t *testing.T) {
 // (libvirt driver): each child's interface gets a network filter of its
 // own, which virsh lists, and which goes with the child.
 func TestContractLibvirtNetwork(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	n := newLibvirtNet(t)
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	if out, err := exec.Command("ip", "addr", "add", "169.254.169.254/32", "dev", n.bridge).CombinedOutput(); err != nil {

@@ -159,6 +159,7 @@ func fileHolds(t *testing.T, dir string, values ...string) []string {
 // only; the values' bytes are in no file of the template nor in either
 // child's RAM.
 func TestContractSecretsDebian(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	v := e.deb.variant(t, "ifupdown-nodbus")
 	id := filepath.Base(e.stateDir)
@@ -169,7 +170,7 @@ func TestContractSecretsDebian(t *testing.T) {
 	hostsEntry(t, "127.0.0.1", otherName)
 	// The broker, started by the fork, verifies the servers' certificates
 	// against the host's store and this test CA.
-	t.Setenv("VMFORK_BROKER_EXTRA_ROOTS", caFile)
+	e.env = e.env.withEnv("VMFORK_BROKER_EXTRA_ROOTS=" + caFile)
 	c := filepath.Join(t.TempDir(), "secret.yaml")
 	// The servers listen on the host's loopback, which a child's proxy
 	// reaches only where its egress names it (no guest on a network could).

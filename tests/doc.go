@@ -11,14 +11,18 @@
 //
 // # Parallel
 //
-// Tests that own all they use call t.Parallel() (the Debian guest's identity
-// and conformance suites, the crash matrices, the flat-pause, fork, template
-// and libvirt tests that take longest): go test runs them after the others,
-// two at a time (make integration passes -parallel 2). Tests that read
-// timing inside the guest (TestIdentityReproducible), set the environment or
-// change host-wide settings (libvirt setup) run alone. A guest
-// under TCG keeps one core busy, so two at once use a 2-core host without
-// slowing each other much, and the suite takes minutes less. Such a test owns
-// everything it uses (its env's state and mem dirs, its domain prefix, its
-// network namespace) and never calls t.Setenv or changes host-wide settings.
+// Tests that own all they use call t.Parallel(), and most do: go test runs
+// them after the others, three at a time (make integration passes
+// -parallel 3). Tests that read timing inside the guest
+// (TestIdentityReproducible, TestIdentityClock), bound a reaper's or a
+// timeout's delay (the TTL tests, TestIdentityNoAgent), measure pauses (the
+// bench stall smokes), set the environment or change host-wide settings
+// (libvirt setup) run alone, first. A guest under TCG keeps a core busy
+// only while it works, and tests wait on guests, timers and daemons much of
+// the time, so three at once fill a 2-core host that one at a time left a
+// quarter idle. Such a test owns everything it uses (its env's state and
+// mem dirs, its domain prefix, its network namespace, its libvirt network's
+// subnet: newLibvirtNet), never calls t.Setenv (env.withEnv gives its vmfork
+// commands a variable) and changes host-wide files only under a lock
+// (hostsEntry).
 package tests

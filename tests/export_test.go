@@ -199,6 +199,7 @@ func TestExportImport(t *testing.T) {
 // template; its children boot fresh from it, with identities of their own,
 // and each writes to a copy-on-write overlay of its own.
 func TestKeptTemplateOfStoppedMachine(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	src := e.boot("src")
 	e.exec("src", "sh", "-c", "echo on-disk > /data/at-save; sync")

@@ -163,6 +163,7 @@ func TestLibvirtFlatPause(t *testing.T) {
 // domain runs on with its state intact, nothing of the fork is left, and the
 // next fork works.
 func TestLibvirtFlatPauseFailure(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	s := d.n("s")
 	d.bootGuest(s)
@@ -171,12 +172,12 @@ func TestLibvirtFlatPauseFailure(t *testing.T) {
 	ident := domainOf(t, s)
 	for _, point := range []string{"after-stop", "before-ram", "after-ram"} {
 		t.Run(point, func(t *testing.T) {
-			t.Setenv(freezeFailEnv, point)
-			r := d.withFailpoints().cli("fork", s, d.n("x"))
+			f := d.withFailpoints()
+			f.env = f.env.withEnv(freezeFailEnv + "=" + point)
+			r := f.cli("fork", s, d.n("x"))
 			if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
 				t.Fatalf("fork with a failure at %s: %s, want it to fail naming the failure", point, r)
 			}
-			t.Setenv(freezeFailEnv, "")
 			if st := strings.TrimSpace(virshOK(t, "domstate", s)); st != "running" {
 				t.Errorf("source domain %q after a failed fork, want running", st)
 			}

@@ -277,18 +277,17 @@ func TestFlatPauseLoop(t *testing.T) {
 // the source's RAM was remapped: the fork fails, the source runs on with its
 // state intact, nothing of the fork is left, and the next fork works.
 func TestFlatPauseFailure(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	pid := strings.TrimSpace(e.exec("s", "vmfork-counter", "start"))
 	fill := e.fillRun("s", "/run/fill", 16)
 	for _, point := range []string{"after-stop", "before-ram", "after-ram"} {
 		t.Run(point, func(t *testing.T) {
-			t.Setenv(freezeFailEnv, point)
-			r := e.withFailpoints().vmfork("fork", "s", "x")
+			r := e.withFailpoints().withEnv(freezeFailEnv+"="+point).vmfork("fork", "s", "x")
 			if r.code == 0 || !strings.Contains(r.stderr, "injected failure") {
 				t.Fatalf("fork with a failure at %s: %s, want it to fail naming the failure", point, r)
 			}
-			t.Setenv(freezeFailEnv, "")
 			e.counterAdvances("s")
 			if got := strings.TrimSpace(e.exec("s", "cat", "/run/counter.pid")); got != pid {
 				t.Errorf("counter pid %s after a failed fork, want %s", got, pid)

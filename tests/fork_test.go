@@ -186,6 +186,7 @@ func TestForkRunning(t *testing.T) {
 // TestForkTwiceAndForkAChild forks one source twice (its disk chain grows
 // under a running QEMU) and forks a child (whose RAM is private).
 func TestForkTwiceAndForkAChild(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("p")
 	e.exec("p", "sh", "-c", "echo one > /data/gen; sync")
@@ -239,6 +240,7 @@ func TestForkStopped(t *testing.T) {
 // TestForkBadInput checks that a fork that cannot be done says why, exits
 // non-zero and changes nothing: the source keeps running, unpaused.
 func TestForkBadInput(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	e.exec("s", "vmfork-counter", "start")
@@ -301,6 +303,7 @@ func TestForkBadInput(t *testing.T) {
 // TestForkPartial makes one child's QEMU fail to start: the others stay, the
 // failure is named, and the exit code is 3.
 func TestForkPartial(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	stub := filepath.Join(t.TempDir(), "qemu-stub")
@@ -308,8 +311,7 @@ func TestForkPartial(t *testing.T) {
 	if err := os.WriteFile(stub, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("VMFORK_QEMU", stub)
-	r := e.vmfork("fork", "s", "--count", "3", "--json")
+	r := e.withEnv("VMFORK_QEMU="+stub).vmfork("fork", "s", "--count", "3", "--json")
 	if r.code != 3 {
 		t.Fatalf("partial fork: %s, want exit 3", r)
 	}
@@ -323,7 +325,6 @@ func TestForkPartial(t *testing.T) {
 	if len(res.Children) != 2 || len(res.Failed) != 1 || res.Failed[0].Name != "s-2" {
 		t.Errorf("result = %+v, want s-1 and s-3 up and s-2 failed", res)
 	}
-	t.Setenv("VMFORK_QEMU", "")
 	names := map[string]bool{}
 	for _, m := range e.list() {
 		names[m.Name] = m.State == "running"

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,6 +51,9 @@ type env struct {
 	stateDir string
 	memDir   string
 	guest    guest
+	// extraEnv is added to the environment of every vmfork this env runs
+	// (withEnv): a test that runs in parallel cannot t.Setenv.
+	extraEnv []string
 }
 
 func newEnv(t testing.TB) *env {
@@ -71,6 +75,14 @@ func newEnvGuest(t testing.TB, g guest) *env {
 	e := &env{t: t, bin: bin, stateDir: t.TempDir(), memDir: memDir, guest: g}
 	t.Cleanup(e.cleanup)
 	return e
+}
+
+// withEnv returns a copy of e whose vmfork commands run with the
+// environment variables kv ("NAME=VALUE") added; e itself is unchanged.
+func (e *env) withEnv(kv ...string) *env {
+	f := *e
+	f.extraEnv = append(slices.Clone(e.extraEnv), kv...)
+	return &f
 }
 
 // result is one vmfork invocation.
@@ -95,6 +107,9 @@ func (e *env) vmforkIn(stdin string, args ...string) result {
 	cmd := exec.Command(e.bin, append([]string{"--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &out, &errb
+	if len(e.extraEnv) > 0 {
+		cmd.Env = append(os.Environ(), e.extraEnv...)
+	}
 	err := cmd.Run()
 	r := result{stdout: out.String(), stderr: errb.String()}
 	var ee *exec.ExitError

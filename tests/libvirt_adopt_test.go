@@ -149,6 +149,7 @@ func TestLibvirtAdoptExistingDomain(t *testing.T) {
 // templates go, the image stays, unchanged, as the base of the domain's
 // disk chain: nothing of it is copied into the state dir.
 func TestLibvirtAdoptImageOnAnotherFileSystem(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	shm, err := os.MkdirTemp("/dev/shm", "vmfork-adopt-")
 	if err != nil {
 		t.Fatal(err)

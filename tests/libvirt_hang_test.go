@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -213,12 +214,12 @@ func closeRights(oob []byte) {
 // within the bound, in one line that says what it names.
 func hangCheck(t *testing.T, d *driverEnv, uri string, names []string, args ...string) result {
 	t.Helper()
-	t.Setenv("VMFORK_LIBVIRT_TIMEOUT", hangBound.String())
 	// Killed once well past the bound: a vmfork that hangs fails the test
 	// here, not at go test's own timeout.
 	ctx, cancel := context.WithTimeout(t.Context(), 2*(hangBound+hangSlack))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, d.bin, append([]string{"--state-dir", d.stateDir, "--mem-dir", d.memDir, "--connect", uri}, args...)...)
+	cmd.Env = append(os.Environ(), "VMFORK_LIBVIRT_TIMEOUT="+hangBound.String())
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
@@ -256,6 +257,7 @@ func hangCheck(t *testing.T, d *driverEnv, uri string, names []string, args ...s
 // stopped before vmfork connects) fails ls within the bound, naming
 // virConnectOpen.
 func TestLibvirtHungConnect(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, nil)
 	sock := filepath.Join(t.TempDir(), "libvirt-sock")
 	ln, err := net.Listen("unix", sock)
@@ -292,6 +294,7 @@ func TestLibvirtHungConnect(t *testing.T) {
 // a fork whose source libvirt paused and was then asked to resume leaves the
 // source for the next command to resume, which it does.
 func TestLibvirtHungCalls(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	src := d.n("src")
 	d.bootGuest(src)

@@ -204,6 +204,7 @@ func contains(xs []string, x string) bool {
 // libvirt domains from it later. The libvirt driver has no warm pool: asking
 // for one is refused before anything is paused.
 func TestLibvirtKeptTemplate(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p, gold := d.n("p"), d.n("gold")
 	d.bootGuest(p)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -138,6 +139,7 @@ func (b *bridgeNet) tapsOn(t *testing.T) []string {
 // taps go with their machines. A missing bridge or one that is not a bridge
 // is refused before anything starts or pauses.
 func TestNetworkBridgeChildren(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	b := newBridgeNet(t)
 	e := newEnv(t)
 	b.inNamespace(t, e)
@@ -224,6 +226,7 @@ func TestNetworkBridgeChildren(t *testing.T) {
 // no -netdev, and its children keep their address instead of asking for a
 // lease nobody would give.
 func TestNetworkNone(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	src := e.boot("src", "--network", "none")
 	if got := e.networkOf("src"); got != "none" {
@@ -402,6 +405,11 @@ func tail(s string, n int) string {
 // it) with libvirt's dnsmasq handing out leases.
 type libvirtNet struct{ name, bridge, gateway string }
 
+// libvirtNets counts the libvirt networks this test binary made: each gets
+// a subnet of its own (10.232.N.0/24), since they all live in the host's
+// network namespace and tests that make them run in parallel.
+var libvirtNets atomic.Int32
+
 // newLibvirtNet creates a transient isolated network and destroys it when
 // the test ends, pass or fail. Call it before newDriverEnv, so that the
 // test's domains go first.
@@ -409,12 +417,13 @@ func newLibvirtNet(t *testing.T) *libvirtNet {
 	t.Helper()
 	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
 	id := hex.EncodeToString(sum[:3])
-	n := &libvirtNet{name: "vmfork-" + id, bridge: "vmfvb" + id, gateway: "10.232.0.1"}
+	subnet := fmt.Sprintf("10.232.%d.", libvirtNets.Add(1)%250)
+	n := &libvirtNet{name: "vmfork-" + id, bridge: "vmfvb" + id, gateway: subnet + "1"}
 	x := `<network>
   <name>` + n.name + `</name>
   <bridge name='` + n.bridge + `' stp='off'/>
   <ip address='` + n.gateway + `' netmask='255.255.255.0'>
-    <dhcp><range start='10.232.0.10' end='10.232.0.250'/></dhcp>
+    <dhcp><range start='` + subnet + `10' end='` + subnet + `250'/></dhcp>
   </ip>
 </network>
 `
@@ -558,6 +567,7 @@ func forkOnLibvirtNet(t *testing.T, n *libvirtNet, nic, network string) {
 // isolated libvirt network, and refuses, with nothing made, a network that
 // does not exist and a NIC with nothing behind it.
 func TestNetworkLibvirtBoot(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	n := newLibvirtNet(t)
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	for _, c := range []struct{ network, says string }{
