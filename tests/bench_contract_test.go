@@ -18,7 +18,9 @@ import (
 // (egress allow list: host rules made before QEMU starts; inherited
 // connections reset; a brokered secret: the broker's registration, the
 // placeholders' files and, on Debian, vmfork's CA installed), alternating,
-// b.N of each, per guest and network, with the medians of every step.
+// b.N of each, per guest and network (the busybox guest on QEMU's user
+// network and on a bridge, the Debian guest on the user network), with the
+// medians of every step.
 //
 //	go test -tags integration -run '^$' -bench BenchmarkContractReady -benchtime 6x ./tests/
 //
@@ -78,6 +80,16 @@ secrets:
 		e := newEnv(b)
 		e.boot("src")
 		pair(e, "src", "busybox-user")
+	}
+	{
+		// A bridge with a DHCP server of its own: the egress rules are a
+		// bridge table on the child's tap, the broker listens on the
+		// bridge's host address.
+		br := newBridgeNet(b)
+		e := newEnv(b)
+		br.inNamespace(b, e)
+		e.boot("src", "--network", "bridge="+br.bridge)
+		pair(e, "src", "busybox-bridge")
 	}
 	if os.Getenv("VMFORK_DEBIAN_GUEST") == "" {
 		return

@@ -34,7 +34,7 @@ type bridgeNet struct {
 // newBridgeNet makes namespace, bridge and dnsmasq, and removes them when the
 // test ends, pass or fail. Call it before newEnv, so that the env's cleanup
 // (which kills the test's QEMU processes, inside the namespace) runs first.
-func newBridgeNet(t *testing.T) *bridgeNet {
+func newBridgeNet(t testing.TB) *bridgeNet {
 	t.Helper()
 	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
 	id := hex.EncodeToString(sum[:3])
@@ -87,7 +87,7 @@ func newBridgeNet(t *testing.T) *bridgeNet {
 
 // inNamespace makes e run vmfork inside b's namespace, so that QEMU's taps
 // and the bridge share it.
-func (b *bridgeNet) inNamespace(t *testing.T, e *env) {
+func (b *bridgeNet) inNamespace(t testing.TB, e *env) {
 	t.Helper()
 	w := filepath.Join(t.TempDir(), "vmfork-in-"+b.ns)
 	script := fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", b.ns, e.bin)
