@@ -25,6 +25,7 @@ func TestConformance(t *testing.T) {
 	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, drv := range conformanceDrivers {
 		t.Run(drv.name, func(t *testing.T) {
+			t.Parallel() // each driver its own env (tests/doc.go, "Parallel")
 			conformance(t, newDriverEnv(t, drv.args), busyboxConformance)
 		})
 	}
@@ -56,6 +57,7 @@ func TestConformanceDebian(t *testing.T) {
 	}
 	for _, drv := range conformanceDrivers {
 		t.Run(drv.name, func(t *testing.T) {
+			t.Parallel() // each driver its own env (tests/doc.go, "Parallel")
 			conformance(t, newDriverEnvGuest(t, drv.args, deb.guest), g)
 		})
 	}

@@ -33,7 +33,12 @@ func TestIdentityDebian(t *testing.T) {
 		t.Fatalf("got variants %v, want ifupdown/networkd × dbus/nodbus", d.variantNames())
 	}
 	for _, v := range d.Variants {
-		t.Run(v.Name, func(t *testing.T) { identityDebianVariant(t, v) })
+		t.Run(v.Name, func(t *testing.T) {
+			// Each variant its own bridge and env: they run beside other
+			// tests, not one after another at the end of the suite.
+			t.Parallel()
+			identityDebianVariant(t, v)
+		})
 	}
 }
 

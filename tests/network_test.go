@@ -481,6 +481,7 @@ func TestNetworkLibvirtChildren(t *testing.T) {
 	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, kind := range []string{"network", "bridge"} {
 		t.Run(kind, func(t *testing.T) {
+			t.Parallel() // a network (and subnet) of its own
 			n := newLibvirtNet(t)
 			name := n.name
 			if kind == "bridge" {
