@@ -121,6 +121,9 @@ func TestExportImportRoundTrip(t *testing.T) {
 	if !strings.HasPrefix(got.Spec.Kernel, got.Paths.Dir) || got.Manifest.Devices[0] != "-kernel "+got.Spec.Kernel {
 		t.Errorf("kernel %s, devices %q: want both in the template's directory", got.Spec.Kernel, got.Manifest.Devices)
 	}
+	if got.Family == "" || got.Family == src.Family {
+		t.Errorf("imported family %q (exported %q): want a family of its own", got.Family, src.Family)
+	}
 	if _, err := mg.Import(t.Context(), ImportRequest{File: file, As: "copy"}); !errors.Is(err, ErrExists) {
 		t.Errorf("second import as copy: %v, want ErrExists", err)
 	}

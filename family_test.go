@@ -44,10 +44,24 @@ func TestFamilies(t *testing.T) {
 	if got, want := load("s"), load("sleepy"); got != want {
 		t.Errorf("child of a hibernated machine: family %q, want %q", got, want)
 	}
+	sleepy := load("sleepy")
+	if _, err := mg.Resume(ctx, ResumeRequest{Machine: "sleepy", Identity: quietChain}); err != nil {
+		t.Fatal(err)
+	}
+	if got := load("sleepy"); got != sleepy {
+		t.Errorf("after a resume: family %q, want %q", got, sleepy)
+	}
 	tpls, _ := mg.Store.ListTemplates()
+	seen := 0
 	for _, tp := range tpls {
-		if tp.Name == "golden" && tp.Family != web {
-			t.Errorf("golden's family %q, want web's %q", tp.Family, web)
+		if (tp.Name == "golden" || tp.Name == "web-cp1") && tp.Family != web {
+			t.Errorf("%s's family %q, want web's %q", tp.Name, tp.Family, web)
 		}
+		if tp.Name == "golden" || tp.Name == "web-cp1" {
+			seen++
+		}
+	}
+	if seen != 2 {
+		t.Errorf("found %d of the templates golden and web-cp1", seen)
 	}
 }

@@ -338,6 +338,10 @@ func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template
 	rec.PoolSize, rec.Expires, rec.ForeignDisk = 0, time.Time{}, false
 	// The lineage names machines and templates of the other host.
 	rec.SourceParent, rec.SourceTemplate = "", ""
+	// A root here: the other host's family ledger did not travel with it,
+	// so its children must not share a family id with machines there (nor
+	// with another import of the same archive).
+	rec.Family = newFamily()
 	if !st.files[archRAM] {
 		rec.Paths.RAM = ""
 	}
