@@ -88,6 +88,9 @@ func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error)
 		Contract: p.req.Contract.Clone(),
 		Family:   newFamily(),
 	}
+	// Every machine vmfork boots has the family ledger's port; a machine
+	// made before it did keeps none, and so do its children (Spec.LedgerPort).
+	m.Spec.LedgerPort = true
 	done, err := mg.Store.journal(journalEntry{Op: opBoot, Machines: []string{name}})
 	if err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)

@@ -18,8 +18,11 @@ const (
 	fileDisk     = "disk.qcow2"
 	fileQMP      = "qmp.sock"
 	fileQGA      = "qga.sock"
-	fileSerial   = "serial.log"
-	fileQEMULog  = "qemu.log"
+	// fileLedger is the socket a machine's QEMU listens on for its family
+	// ledger port (package ledger): the ledger server connects to it.
+	fileLedger  = "ledger.sock"
+	fileSerial  = "serial.log"
+	fileQEMULog = "qemu.log"
 	// FileDevState is a template's saved device state (a QEMU migration
 	// stream without RAM).
 	FileDevState = "devstate"

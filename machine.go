@@ -116,6 +116,13 @@ type Spec struct {
 	MachineType string `json:"machine_type,omitempty"` // versioned, e.g. pc-q35-7.2
 	CPUModel    string `json:"cpu_model,omitempty"`
 	MAC         string `json:"mac,omitempty"`
+
+	// LedgerPort gives the machine the family ledger's virtio-serial port
+	// (profile.LedgerChannel, served on Paths.Ledger). Set at boot; a child
+	// copies it with the rest of its source's spec, so a template made
+	// before vmfork had the port keeps children without it: their device
+	// state has no such port to load.
+	LedgerPort bool `json:"ledger_port,omitempty"`
 }
 
 // FillProfile sets what a spec leaves open and does not depend on the
@@ -217,6 +224,9 @@ type Paths struct {
 	QGA    string `json:"qga_socket"`
 	Serial string `json:"serial_log"`
 	Log    string `json:"qemu_log"`
+	// Ledger is the unix socket QEMU listens on for the family ledger's
+	// port (Spec.LedgerPort); the ledger server connects to it.
+	Ledger string `json:"ledger_socket,omitempty"`
 	// RAM is the guest RAM file. A booted machine owns it (mapped share=on);
 	// a fork child maps its template's frozen file share=off and owns none.
 	RAM       string `json:"ram_file"`

@@ -68,7 +68,8 @@ func (s *Store) newPoolMember(t *Template) (*Machine, error) {
 			Paths: Paths{
 				Dir: d, Disk: filepath.Join(d, fileDisk), QMP: filepath.Join(d, fileQMP),
 				QGA: filepath.Join(d, fileQGA), Serial: filepath.Join(d, fileSerial),
-				Log: filepath.Join(d, fileQEMULog), RAM: t.Paths.RAM, RAMShared: false,
+				Ledger: filepath.Join(d, fileLedger),
+				Log:    filepath.Join(d, fileQEMULog), RAM: t.Paths.RAM, RAMShared: false,
 			},
 		}
 		if t.Paths.Disk == "" {

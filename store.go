@@ -82,6 +82,7 @@ func (s *Store) MachinePaths(name string) Paths {
 		Disk:      filepath.Join(dir, fileDisk),
 		QMP:       filepath.Join(dir, fileQMP),
 		QGA:       filepath.Join(dir, fileQGA),
+		Ledger:    filepath.Join(dir, fileLedger),
 		Serial:    filepath.Join(dir, fileSerial),
 		Log:       filepath.Join(dir, fileQEMULog),
 		RAM:       filepath.Join(s.MemDir, name+ramSuffix),

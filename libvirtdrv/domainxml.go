@@ -14,8 +14,9 @@ import (
 // qemu-ga in the guest looks for; the RAM alias is where libvirt 9.0 puts a
 // pc/q35 guest's RAM file, <memory_backing_dir>/<id>-<name[:20]>/pc.ram.
 const (
-	agentChannel = profile.AgentChannel
-	ramAlias     = profile.RAMBlock
+	agentChannel  = profile.AgentChannel
+	ledgerChannel = profile.LedgerChannel
+	ramAlias      = profile.RAMBlock
 	// tbCacheMiB bounds TCG's translation cache: QEMU 7.2 reserves 1 GiB per
 	// process by default, which a fork child would pay for again.
 	tbCacheMiB = 128
@@ -128,6 +129,12 @@ func bootDevices(m *vmfork.Machine) *libvirtxml.DomainDeviceList {
 		}},
 		MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
 	}
+	if sock := m.LedgerSocket(); sock != "" {
+		// The family ledger's port (package ledger): after the agent's, on
+		// the same virtio-serial bus, as the embedded driver declares it.
+		// QEMU binds the socket; the ledger server connects to it.
+		dev.Channels = append(dev.Channels, ledgerChannelOf(sock))
+	}
 	if m.Spec.Disk != "" {
 		dev.Disks = []libvirtxml.DomainDisk{{
 			Device: "disk",
@@ -193,10 +200,15 @@ func ChildXML(sourceXML string, c *vmfork.Machine, md Metadata) (*libvirtxml.Dom
 		}
 	}
 	for i := range d.Devices.Channels {
-		if s := d.Devices.Channels[i].Source; s != nil && s.UNIX != nil {
+		ch := &d.Devices.Channels[i]
+		if s := ch.Source; s != nil && s.UNIX != nil {
 			s.UNIX.Path = "" // libvirt makes one per domain
+			if isLedger(ch) {
+				// The ledger server finds it in the child's own directory.
+				s.UNIX.Path = c.LedgerSocket()
+			}
 		}
-		if t := d.Devices.Channels[i].Target; t != nil && t.VirtIO != nil {
+		if t := ch.Target; t != nil && t.VirtIO != nil {
 			t.VirtIO.State = ""
 		}
 	}
@@ -213,6 +225,19 @@ func ChildXML(sourceXML string, c *vmfork.Machine, md Metadata) (*libvirtxml.Dom
 		libvirtxml.DomainQEMUCommandlineArg{Value: "-global"}, libvirtxml.DomainQEMUCommandlineArg{Value: "migration.announce-rounds=0"},
 		libvirtxml.DomainQEMUCommandlineArg{Value: "-incoming"}, libvirtxml.DomainQEMUCommandlineArg{Value: "defer"})
 	return d, nil
+}
+
+// ledgerChannelOf is the family ledger's channel, its socket at sock.
+func ledgerChannelOf(sock string) libvirtxml.DomainChannel {
+	return libvirtxml.DomainChannel{
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: sock}},
+		Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: ledgerChannel}},
+	}
+}
+
+// isLedger reports whether ch is the family ledger's channel.
+func isLedger(ch *libvirtxml.DomainChannel) bool {
+	return ch.Target != nil && ch.Target.VirtIO != nil && ch.Target.VirtIO.Name == ledgerChannel
 }
 
 // childDisks points the source's one writable file disk at the child's

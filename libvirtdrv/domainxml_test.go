@@ -22,10 +22,12 @@ func testMachine() *vmfork.Machine {
 			Kernel: "/srv/guest/vmlinuz", Initrd: "/srv/guest/initrd.gz", Append: "console=ttyS0 quiet panic=-1",
 			Disk: "/srv/guest/data.qcow2", MemoryMiB: 256, CPUs: 1,
 			MachineType: "pc-q35-7.2", CPUModel: "qemu64", MAC: "52:54:00:12:34:56",
+			LedgerPort: true,
 		},
 		Paths: vmfork.Paths{
 			Dir: "/var/lib/vmfork/machines/web", Disk: "/var/lib/vmfork/machines/web/disk.qcow2",
 			Serial: "/var/lib/vmfork/machines/web/serial.log", RAMShared: true,
+			Ledger: "/var/lib/vmfork/machines/web/ledger.sock",
 		},
 	}
 }
@@ -37,6 +39,7 @@ func testChild() *vmfork.Machine {
 	c.Paths = vmfork.Paths{
 		Dir: "/var/lib/vmfork/machines/web-1", Disk: "/var/lib/vmfork/machines/web-1/disk.qcow2",
 		Serial: "/var/lib/vmfork/machines/web-1/serial.log", RAM: "/dev/shm/vmfork/web.1.ram",
+		Ledger: "/var/lib/vmfork/machines/web-1/ledger.sock",
 	}
 	return c
 }
@@ -191,5 +194,46 @@ func TestMetadataRoundTrip(t *testing.T) {
 func TestRAMFile(t *testing.T) {
 	if got, want := ramFile("/dev/shm/libvirt/qemu", 12, "a-very-long-machine-name-indeed"), "/dev/shm/libvirt/qemu/12-a-very-long-machine-/pc.ram"; got != want {
 		t.Errorf("ramFile = %q, want %q (libvirt keeps the first 20 characters)", got, want)
+	}
+}
+
+// ledgerChannels returns the paths of d's family ledger channels.
+func ledgerChannels(d *libvirtxml.Domain) []string {
+	var out []string
+	for i := range d.Devices.Channels {
+		if ch := &d.Devices.Channels[i]; isLedger(ch) {
+			p := ""
+			if ch.Source != nil && ch.Source.UNIX != nil {
+				p = ch.Source.UNIX.Path
+			}
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// A booted domain gets the ledger's channel on its machine's socket, a
+// machine without the port (made before it) none; a child's channel,
+// copied from its source's XML, is moved to the child's own socket.
+func TestLedgerChannel(t *testing.T) {
+	m := testMachine()
+	if got := ledgerChannels(BootXML(m, Metadata{}, BootOptions{})); len(got) != 1 || got[0] != m.Paths.Ledger {
+		t.Errorf("booted: ledger channels %q, want one on %s", got, m.Paths.Ledger)
+	}
+	m.Spec.LedgerPort = false
+	if got := ledgerChannels(BootXML(m, Metadata{}, BootOptions{})); len(got) != 0 {
+		t.Errorf("booted without the port: ledger channels %q, want none", got)
+	}
+	c := testChild()
+	d, err := ChildXML(sourceXML(t), c, Metadata{Machine: c.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ledgerChannels(d); len(got) != 1 || got[0] != c.Paths.Ledger {
+		t.Errorf("child: ledger channels %q, want one on %s", got, c.Paths.Ledger)
+	}
+	vis := strings.Join(GuestVisible(d), "\n")
+	if !strings.Contains(vis, "channel org.vmfork.ledger.0 virtio-serial 0.0.2") {
+		t.Errorf("the ledger channel is not guest-visible at its source's port:\n%s", vis)
 	}
 }

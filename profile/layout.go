@@ -13,4 +13,10 @@ const (
 	// AgentChannel is the virtio-serial port name qemu-ga in the guest
 	// opens.
 	AgentChannel = "org.qemu.guest_agent.0"
+	// LedgerChannel is the family ledger's virtio-serial port name
+	// (package ledger's PortName): /dev/virtio-ports/org.vmfork.ledger.0 in
+	// the guest. Both drivers put it on the agent's virtio-serial bus,
+	// after the agent's port, so that its port number (part of the device
+	// state) is the same in parent and child.
+	LedgerChannel = "org.vmfork.ledger.0"
 )

@@ -21,8 +21,10 @@ const (
 	nicID      = "nic0"
 	netdevID   = "net0"
 	qgaID      = "qga0"
+	ledgerID   = "ledger0"
 	serialID   = "serial0"
 	agentPort  = profile.AgentChannel
+	ledgerPort = profile.LedgerChannel
 )
 
 // Accelerators.
@@ -88,6 +90,16 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	add("-device", "virtio-serial-pci,id=vser0")
 	add("-chardev", "socket,id="+qgaID+",path="+optPath(m.Paths.QGA)+",server=on,wait=off")
 	add("-device", "virtserialport,chardev="+qgaID+",name="+agentPort+",id=qgaport0")
+	if sock := m.LedgerSocket(); sock != "" {
+		// The family ledger's port (package ledger), declared as the
+		// agent's is and after it, so its port number is the same in every
+		// machine of a template. QEMU listens and never waits: the ledger
+		// server connects, and may come and go. A machine without it (made
+		// before vmfork had it) keeps none, nor do its children: a port the
+		// device state does not list would not load.
+		add("-chardev", "socket,id="+ledgerID+",path="+optPath(sock)+",server=on,wait=off")
+		add("-device", "virtserialport,chardev="+ledgerID+",name="+ledgerPort+",id=ledgerport0")
+	}
 	// Every machine gets a fresh GUID unless told otherwise: the guest
 	// reseeds its CRNG when it changes, which is what a fork child needs
 	// (the GUID is not migrated). It is a backend, not a guest-visible

@@ -21,12 +21,14 @@ func testMachine() *vmfork.Machine {
 			Disk: "/srv/base.qcow2", MemoryMiB: 256, CPUs: 2,
 			Ports:       []vmfork.PortForward{{Host: 2222, Guest: 22}},
 			MachineType: "pc-q35-7.2", CPUModel: "qemu64", MAC: "52:54:00:12:34:56",
+			LedgerPort: true,
 		},
 		Paths: vmfork.Paths{
 			Dir: "/var/lib/vmfork/machines/web", Disk: "/var/lib/vmfork/machines/web/disk.qcow2",
 			QMP: "/var/lib/vmfork/machines/web/qmp.sock", QGA: "/var/lib/vmfork/machines/web/qga.sock",
 			Serial: "/var/lib/vmfork/machines/web/serial.log", Log: "/var/lib/vmfork/machines/web/qemu.log",
 			RAM: "/dev/shm/vmfork/web.ram", RAMShared: true,
+			Ledger: "/var/lib/vmfork/machines/web/ledger.sock",
 		},
 	}
 }
@@ -48,6 +50,9 @@ func TestArgvGolden(t *testing.T) {
 	bridgeChild.Paths.RAM, bridgeChild.Paths.RAMShared = "/dev/shm/vmfork/t-1.ram", false
 	none := testMachine()
 	none.Spec.Ports, none.Spec.Network = nil, vmfork.Network{Kind: vmfork.NetworkNone}
+	// A machine (or a template's child) from before the ledger port.
+	noLedger := testMachine()
+	noLedger.Spec.LedgerPort, noLedger.Paths.Ledger = false, ""
 
 	cases := []struct {
 		name string
@@ -63,6 +68,7 @@ func TestArgvGolden(t *testing.T) {
 		{"bridge", bridge, ArgvOptions{}},
 		{"bridge-child", bridgeChild, ArgvOptions{Incoming: true}},
 		{"network-none", none, ArgvOptions{}},
+		{"no-ledger-port", noLedger, ArgvOptions{Incoming: true}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
