@@ -119,6 +119,7 @@ func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error)
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
+	mg.attachLedger(ctx, m)
 	log.WithField("elapsed", time.Since(start).Round(time.Millisecond)).Info("guest agent answers")
 	return m, nil
 }

@@ -238,6 +238,7 @@ func (mg *Manager) applyRewind(ctx context.Context, p *rewindPlan) (*ChildResult
 		}
 	}
 	restore := func(err error) (*ChildResult, error) {
+		mg.detachLedger(ctx, m) // stopped, whatever new QEMU there was too
 		if serr := mg.Store.SaveMachine(&old); serr != nil {
 			err = errors.Join(err, serr)
 		}
@@ -261,6 +262,9 @@ func (mg *Manager) applyRewind(ctx context.Context, p *rewindPlan) (*ChildResult
 		return restore(err)
 	}
 	res := ChildResult{Name: c.Name, PID: c.PID, Ports: c.Spec.Ports}
+	// The same name and socket: the server reconnects to the new QEMU;
+	// the ledger sees the same machine, its claims its own (yours).
+	mg.attachLedger(ctx, c)
 	Fault(FaultRewindRunning, c.PID)
 	id, err := mg.applyIdentity(ctx, c, t, 1, true, opts)
 	res.Identity = id

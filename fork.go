@@ -514,6 +514,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 				mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
 			}
 			mg.unbroker(context.WithoutCancel(ctx), c)
+			mg.detachLedger(ctx, c)
 			if err := mg.Store.RemoveMachine(c.Name); err != nil {
 				log.WithError(err).Warn("could not remove the failed child's files")
 			}
@@ -560,6 +561,9 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 	}
 	running := time.Since(start)
 	brokered(ctx)
+	// At once, before the identity chain: the guest continues from its
+	// source's instant, where a program may be about to claim.
+	mg.attachLedger(ctx, c)
 	// The child stays "creating" until its identity chain has finished and
 	// its link is up: until then it is its parent's double, and the
 	// journal's repair removes it if this process dies (journal.go).

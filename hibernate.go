@@ -194,6 +194,7 @@ func (mg *Manager) applyHibernate(ctx context.Context, p *hibernatePlan) (*Hiber
 	}
 	Fault(FaultHibernateCommitted, m.PID)
 	stored, err := mg.endHibernated(ctx, m, t)
+	mg.detachLedger(ctx, m) // its QEMU is gone (or going: the repair ends it)
 	if err != nil {
 		// The entry stays: the next command finishes (journal.go).
 		return nil, fmt.Errorf("hibernate %q: %w", name, err)

@@ -22,6 +22,10 @@ type Manager struct {
 	// Broker serves brokered secrets (brokered.go); nil refuses every
 	// contract with secrets.
 	Broker SecretBroker
+	// Ledger is the family ledger (ledger.go) every machine's ledger port
+	// is registered with while its QEMU runs; nil leaves the ports
+	// unanswered.
+	Ledger FamilyLedger
 	// hostKeys makes the SSH host keys of this Manager's fork children.
 	// Their types are in the template's facts, so each child's keys are
 	// started before its QEMU (preFork starts the first's earlier still).

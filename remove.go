@@ -84,6 +84,7 @@ func (mg *Manager) stopLocked(ctx context.Context, m *Machine, force bool) error
 	if err := mg.Driver.Stop(ctx, m, force); err != nil {
 		return fmt.Errorf("stop %q: %w", m.Name, err)
 	}
+	mg.detachLedger(ctx, m)
 	m.State, m.PID = StateStopped, 0
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return fmt.Errorf("stop %q: %w", m.Name, err)
@@ -199,6 +200,9 @@ func (mg *Manager) applyRemove(ctx context.Context, p *stopPlan) error {
 	}
 	Fault(FaultRmStopped, m.PID)
 	mg.unbroker(ctx, m)
+	if p.foreign {
+		mg.detachLedger(ctx, m) // stopLocked did for the others
+	}
 	if err := mg.Store.RemoveMachine(name); err != nil {
 		return fmt.Errorf("rm: %w", err)
 	}

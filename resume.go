@@ -110,12 +110,14 @@ func (mg *Manager) applyResume(ctx context.Context, p *resumePlan) (*ChildResult
 		return fail(err)
 	}
 	running := time.Since(start)
+	mg.attachLedger(ctx, c)
 	Fault(FaultResumeRunning, c.PID)
 	opts := p.req.Identity
 	opts.Edit = resumeChain(opts.Edit)
 	id, err := mg.applyIdentity(ctx, c, t, 1, true, opts)
 	if err != nil {
 		mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+		mg.detachLedger(ctx, c)
 		return fail(fmt.Errorf("identity: %w", err))
 	}
 	c.State, c.Hibernated = StateRunning, ""

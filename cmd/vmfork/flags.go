@@ -117,6 +117,11 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	mg := vmfork.NewManager(store, driver, log)
 	mg.Reaper = reaperStarter(cliCtx)
 	mg.Broker = brokerClient(cliCtx)
+	// Every machine's ledger port is served by `vmfork ledger-server`,
+	// which the client starts when a machine starts and none runs.
+	if mg.Ledger, err = ledgerClient(cliCtx); err != nil {
+		return nil, err
+	}
 	return mg, nil
 }
 

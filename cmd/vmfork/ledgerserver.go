@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
+	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/ledger"
 )
 
@@ -121,9 +122,14 @@ func ledgerStarter(cliCtx *cli.Context) func(context.Context) error {
 	}
 }
 
-// ledgerDiscover is how a starting server finds the running machines and
-// their families. Machine records do not carry a family yet, so it is nil,
-// and a server restarted after a crash serves the registrations it saved
-// itself (ledger.FileMachines). Once they do, it lists the running
-// machines of the state dir with their family and <machine dir>/ledger.sock.
-func ledgerDiscover(*cli.Context) ledger.DiscoverFunc { return nil }
+// ledgerDiscover is how a starting server (and one about to exit when
+// idle) finds the machines it must serve: the state dir's machines
+// recorded running with a ledger port, their families and their
+// <machine dir>/ledger.sock (vmfork.Store.LedgerMachines). It reads
+// records only: the server starts no driver and repairs nothing.
+func ledgerDiscover(cliCtx *cli.Context) ledger.DiscoverFunc {
+	state := absPath(cliCtx.String("state-dir"))
+	return func(context.Context) ([]ledger.Machine, error) {
+		return (&vmfork.Store{StateDir: state}).LedgerMachines()
+	}
+}

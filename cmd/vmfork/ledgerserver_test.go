@@ -5,11 +5,14 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
-
 	"testing"
 	"time"
 
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
 	"github.com/vmfork/vmfork/ledger"
+	"github.com/vmfork/vmfork/profile"
 )
 
 // TestLedgerServerCommand runs `vmfork ledger-server` in-process: it
@@ -77,5 +80,57 @@ func TestLedgerServerCommand(t *testing.T) {
 	}
 	if err := c.Ping(t.Context()); !errors.Is(err, ledger.ErrNoServer) {
 		t.Fatalf("after stop: got %v, want ErrNoServer", err)
+	}
+}
+
+// The port the drivers declare is the one the guest helper looks for.
+func TestLedgerPortName(t *testing.T) {
+	if profile.LedgerChannel != ledger.PortName {
+		t.Fatalf("drivers declare %q, the helper opens %q", profile.LedgerChannel, ledger.PortName)
+	}
+}
+
+// ledgerDiscover lists the state dir's running machines that have a
+// ledger socket, with their family.
+func TestLedgerDiscover(t *testing.T) {
+	state := t.TempDir()
+	store, err := vmfork.OpenStore(state, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sockets []net.Listener
+	defer func() {
+		for _, l := range sockets {
+			l.Close()
+		}
+	}()
+	for _, m := range []struct {
+		name  string
+		state vmfork.State
+		port  bool
+	}{{"web", vmfork.StateRunning, true}, {"off", vmfork.StateStopped, true}, {"old", vmfork.StateRunning, false}} {
+		rec := &vmfork.Machine{Name: m.name, State: m.state, Family: "fam1", Paths: store.MachinePaths(m.name)}
+		rec.Spec.LedgerPort = m.port
+		if err := store.CreateMachine(rec); err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("unix", rec.Paths.Ledger)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sockets = append(sockets, l)
+	}
+	app := newApp()
+	var got []ledger.Machine
+	app.Commands = append(app.Commands, &cli.Command{Name: "discover", Action: func(cliCtx *cli.Context) error {
+		got, err = ledgerDiscover(cliCtx)(cliCtx.Context)
+		return err
+	}})
+	if err := app.Run([]string{"vmfork", "--state-dir", state, "discover"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []ledger.Machine{{Name: "web", Family: "fam1", Socket: filepath.Join(state, "machines", "web", "ledger.sock")}}
+	if len(got) != 1 || got[0] != want[0] {
+		t.Fatalf("discover: %+v, want %+v", got, want)
 	}
 }
