@@ -7,7 +7,8 @@
 #
 # Outputs in OUTDIR: vmlinuz, initrd.gz, data.qcow2, kernel-release, stamp.
 # Progress goes to stderr; stdout carries only the absolute OUTDIR path.
-# A second run is a no-op while the stamp matches the inputs (this script, init, rootfs/),
+# A second run is a no-op while the stamp matches the inputs (this script, init, rootfs/,
+# the family ledger's guest helper ledger/vmfork-ledger),
 # the chosen package versions and the host libraries copied into the initramfs.
 set -euo pipefail
 
@@ -33,6 +34,11 @@ outputs=(vmlinuz initrd.gz data.qcow2 kernel-release)
 for tool in apt-get apt-cache dpkg-deb cpio gzip mke2fs qemu-img sha256sum ldd flock find sort; do
 	command -v "$tool" >/dev/null || die "$tool not found (Debian packages: apt, dpkg, cpio, gzip, e2fsprogs, qemu-utils, coreutils, libc-bin, util-linux, findutils)"
 done
+
+# The family ledger's guest helper ships in the repository, not in a package: the guest
+# gets the repository's copy as /bin/vmfork-ledger (docs/LEDGER.md).
+ledger_helper=$(cd "$here/../../ledger" && pwd)/vmfork-ledger
+[[ -f $ledger_helper ]] || die "$ledger_helper not found"
 
 outdir=${1:-$here/out}
 mkdir -p "$outdir"
@@ -80,6 +86,7 @@ inputs_hash() {
 		cd "$here"
 		find build.sh init rootfs -printf '%p %y %m %l\n' | LC_ALL=C sort
 		find build.sh init rootfs -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+		sha256sum <"$ledger_helper" # by content: the path differs between checkouts
 	) | sha256sum | cut -d' ' -f1
 }
 
@@ -218,6 +225,7 @@ copy_libs "$qga"
 copy_libs "$ss"
 
 cp -R --preserve=mode "$here/rootfs/." "$stage/"
+install -m 0755 "$ledger_helper" "$stage/bin/vmfork-ledger"
 find "$stage" -name .keep -delete
 chmod 600 "$stage/etc/shadow" # git keeps only the x bit
 install -m 0755 "$here/init" "$stage/init"
