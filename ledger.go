@@ -2,6 +2,8 @@ package vmfork
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -101,4 +103,28 @@ func (s *Store) LedgerMachines() ([]ledger.Machine, error) {
 		out = append(out, lm)
 	}
 	return out, nil
+}
+
+// FamilyOf returns the family id of machine name, or of the kept template
+// name (vmfork ledger NAME); ErrNotFound when there is neither.
+func (mg *Manager) FamilyOf(name string) (string, error) {
+	if err := ValidateName(name); err != nil {
+		return "", fmt.Errorf("ledger: %w", err)
+	}
+	m, err := mg.Store.LoadMachine(name)
+	if err == nil {
+		return familyOf(m), nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return "", fmt.Errorf("ledger: %w", err)
+	}
+	t, terr := mg.Store.FindKept(name)
+	if terr != nil {
+		return "", fmt.Errorf("ledger: no machine or kept template %q: %w", name, ErrNotFound)
+	}
+	if t.Family != "" {
+		return t.Family, nil
+	}
+	// A template from before families: its source's (familyOf).
+	return "m-" + t.Source, nil
 }

@@ -112,6 +112,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			logsCommand,
 			libvirtCommand,
 			exploreCommand,
+			ledgerCommand,
 			treeCommand,
 			extendCommand,
 			gcCommand,
