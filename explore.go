@@ -84,6 +84,11 @@ type TryResult struct {
 	// up, the agent failed, the score was not a number).
 	Error string `json:"error,omitempty"`
 	Kept  bool   `json:"kept"`
+	// Claims are the keys the branch claimed in the family ledger
+	// (explore_ledger.go); Released, those of a losing branch the explore
+	// released when it removed it (claimed, never done).
+	Claims   []TryClaim `json:"claims,omitempty"`
+	Released []string   `json:"released,omitempty"`
 }
 
 // ExploreResult is an explore's outcome. Its JSON form is a contract.
@@ -113,7 +118,11 @@ type exploreRecord struct {
 	Source   string    `json:"source"`
 	Branches []string  `json:"branches"`
 	Started  time.Time `json:"started"`
-	path     string
+	// Family is the branches' family, Winner the winning branch once
+	// known: the reaper releases the ledger claims of the others.
+	Family string `json:"family,omitempty"`
+	Winner string `json:"winner,omitempty"`
+	path   string
 }
 
 func (r *exploreRecord) alive() bool {
@@ -243,6 +252,9 @@ func (mg *Manager) reapExplores(ctx context.Context, res *ReapResult, fail func(
 			}
 			mg.Log.WithField("machine", b).Warn("removed a branch of an explore that died")
 			res.Removed = append(res.Removed, b)
+			if b != r.Winner {
+				mg.releaseHeldBy(ctx, r.Family, b)
+			}
 		}
 		if left == 0 {
 			os.Remove(r.path)
@@ -264,8 +276,14 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 		return nil, err
 	}
 	req, names := p.req, p.fork.names()
+	family, _ := mg.FamilyOf(req.Source) // the branches' (familyOf): the fork checks the source
 	rec, err := mg.Store.newExplore(req.Source, names)
 	if err != nil {
+		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
+	}
+	rec.Family = family
+	winner := "" // the winning try's branch: its claims stay
+	if err := rec.save(); err != nil {
 		return nil, fmt.Errorf("explore %q: %w", req.Source, err)
 	}
 	if err := mg.EnsureReaper(ctx); err != nil {
@@ -279,6 +297,7 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 		defer cancel()
 		removed, rerr := mg.removeBranches(rctx, names, keep, req.Parallel)
 		if res != nil {
+			mg.releaseLosers(rctx, family, winner, removed, res.Tries)
 			res.Removed = append(res.Removed, removed...)
 			res.ElapsedMS = ms(time.Since(start))
 		}
@@ -296,12 +315,16 @@ func (mg *Manager) Explore(ctx context.Context, req ExploreRequest) (res *Explor
 	res = &ExploreResult{Source: req.Source, Template: fr.Template, PauseMS: fr.PauseMS, Kept: []string{}, Removed: []string{}}
 	mg.Log.WithFields(logrus.Fields{"machine": req.Source, "template": fr.Template, "branches": len(fr.Children)}).Info("branches forked")
 	res.Tries = mg.runTries(ctx, req, names, fr)
+	mg.recordClaims(ctx, family, res.Tries)
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("explore %q: %w", req.Source, err)
 	}
+	if w := pickWinner(res.Tries, req.Score != ""); w >= 0 {
+		winner = res.Tries[w].Branch
+	}
 	err = mg.keepWinner(ctx, req, res, keep)
 	// Only the branches to remove stay in the record from here on.
-	rec.Branches = nil
+	rec.Branches, rec.Winner = nil, winner
 	for _, n := range names {
 		if !keep[n] {
 			rec.Branches = append(rec.Branches, n)

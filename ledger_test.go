@@ -180,3 +180,56 @@ func TestLedgerMachines(t *testing.T) {
 		t.Errorf("LedgerMachines = %+v, %v; want %+v", got, err, want)
 	}
 }
+
+// An explore lists each try's claims, and releases those a losing branch
+// holds and has not done when it removes it; its done ones, and the
+// winner's claims, stay. The ledger is a real one, reached by the Client
+// with no server (it then opens the store itself).
+func TestExploreReleasesLosersClaims(t *testing.T) {
+	mg, _ := newExploreManager(t)
+	dir := t.TempDir()
+	src, err := mg.Store.LoadMachine("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fam := familyOf(src)
+	st, err := ledger.OpenStore(dir, ledger.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{{"src-try-1", "k"}, {"src-try-1", "d"}, {"src-try-3", "w"}} {
+		if _, err := st.Claim(fam, c[0], c[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.Done(fam, "src-try-1", "d", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	mg.Ledger = &ledger.Client{Dir: dir}
+	res, err := mg.Explore(t.Context(), ExploreRequest{
+		Source: "src", Tries: []string{"exit 3", "exit 4", "echo yes"}, Identity: fakeGuestIdentity,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1, t3 := res.Tries[0], res.Tries[2]
+	want1 := []TryClaim{{Key: "d", State: "done", Result: "r1"}, {Key: "k", State: "released"}}
+	if !slices.Equal(t1.Claims, want1) || !slices.Equal(t1.Released, []string{"k"}) {
+		t.Errorf("loser: claims %+v released %q; want %+v and [k]", t1.Claims, t1.Released, want1)
+	}
+	if !slices.Equal(t3.Claims, []TryClaim{{Key: "w", State: "claimed"}}) || len(t3.Released) != 0 {
+		t.Errorf("winner: claims %+v released %q; want w claimed, none released", t3.Claims, t3.Released)
+	}
+	recs, err := mg.Ledger.(*ledger.Client).List(t.Context(), fam)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]ledger.State{}
+	for _, r := range recs {
+		states[r.Key] = r.State
+	}
+	if states["k"] != ledger.Released || states["d"] != ledger.Done || states["w"] != ledger.Claimed {
+		t.Errorf("ledger after the explore: %v; want k released, d done, w claimed", states)
+	}
+}

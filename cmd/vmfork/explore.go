@@ -27,7 +27,10 @@ after its try), the highest number on the last line of CMD's stdout. The
 winner stays as an ordinary machine (forked once more into --keep-as NAME if
 given); every other branch is removed, also when its try failed or hung
 (--keep-all keeps them). If this command is killed, the reaper (or the next
-vmfork gc) removes every branch it made. Exit code 1 when no try won.
+vmfork gc) removes every branch it made. Each try lists the family ledger
+keys its branch claimed (vmfork ledger); a removed losing branch's claims
+that are not done are released, its done ones stay. Exit code 1 when no try
+won.
 
    vmfork explore web --try 'make test' --try 'make test CC=clang' --json
    vmfork explore golden --tries-file tries.txt --watch /srv/app --score 'cat /tmp/score' \
@@ -133,6 +136,12 @@ func printExplore(res *vmfork.ExploreResult) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f ms\t%s\t%d\t%s\t%s\n", t.Index, t.Branch, exit, t.DurationMS, score, t.ChangedCount, kept, t.Command)
 	}
 	tw.Flush()
+	for _, t := range res.Tries {
+		if len(t.Released) > 0 {
+			// The family ledger (vmfork ledger): effects claimed, never done.
+			fmt.Printf("try %d: released its undone ledger claims %s\n", t.Index, strings.Join(t.Released, " "))
+		}
+	}
 	if res.Winner != "" {
 		fmt.Printf("winner: try %d, kept as %s\n", res.WinnerTry, res.Winner)
 	} else {
