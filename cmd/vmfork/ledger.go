@@ -105,7 +105,9 @@ func ledgerRelease(v verb, c *ledger.Client, name, family, key string) error {
 	if err != nil {
 		return fmt.Errorf("ledger of %q: release %s: %w", name, key, err)
 	}
-	return v.print(r, func() { fmt.Printf("released %s (was held by %s since %s)\n", r.Key, r.Holder, r.ClaimedAt.Format(ledger.TimeFormat)) })
+	return v.print(r, func() {
+		fmt.Printf("released %s (was held by %s since %s)\n", r.Key, r.Holder, r.ClaimedAt.Format(ledger.TimeFormat))
+	})
 }
 
 // printRecords prints a family's records as a table.
