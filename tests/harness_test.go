@@ -204,7 +204,30 @@ func (e *env) cleanup() {
 			waitExit(m.PID, e.stateDir, 10*time.Second)
 		}
 	}
+	// The family ledger's server, which the first machine started: it
+	// would otherwise outlive the test by a minute or two.
+	if pid := e.ledgerServerPID(); pid > 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
 	os.RemoveAll(e.memDir)
+}
+
+// ledgerServerPID is the PID of this env's `vmfork ledger-server`, 0 for
+// none (checked against its command line: a PID file can be stale).
+func (e *env) ledgerServerPID() int {
+	data, err := os.ReadFile(filepath.Join(e.stateDir, "ledger", "server.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !bytes.Contains(cmdline, []byte(e.stateDir)) || !bytes.Contains(cmdline, []byte("ledger-server")) || !proc.Running(pid) {
+		return 0
+	}
+	return pid
 }
 
 // ownedQEMU reports whether pid is a live QEMU started with our state dir.
