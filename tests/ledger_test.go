@@ -34,19 +34,24 @@ func helperSource() string {
 // withHelper makes sure machine name has the repository's vmfork-ledger
 // at guestHelper: a guest built before it shipped there gets it with
 // vmfork cp (as the Debian guest does), and its children inherit it.
-func (e *env) withHelper(name string) {
-	e.t.Helper()
+func (d *driverEnv) withHelper(name string) {
+	d.t.Helper()
 	src := helperSource()
 	want, err := os.ReadFile(src)
 	if err != nil {
-		e.t.Fatal(err)
+		d.t.Fatal(err)
 	}
-	if got := e.vmfork("exec", name, "--", "cat", guestHelper); got.code == 0 && got.stdout == string(want) {
+	if got := d.cli("exec", name, "--", "cat", guestHelper); got.code == 0 && got.stdout == string(want) {
 		return
 	}
-	e.ok("cp", src, name+":"+guestHelper)
-	e.exec(name, "chmod", "0755", guestHelper)
+	d.cliOK("cp", src, name+":"+guestHelper)
+	d.run(name, "chmod", "0755", guestHelper)
 }
+
+// embedded is e as a driverEnv of the embedded driver, its names as given.
+func (e *env) embedded() *driverEnv { return &driverEnv{env: e, driver: "qemu"} }
+
+func (e *env) withHelper(name string) { e.t.Helper(); e.embedded().withHelper(name) }
 
 // ledgerAnswer is one vmfork-ledger invocation in a guest.
 type ledgerAnswer struct {
@@ -57,16 +62,26 @@ type ledgerAnswer struct {
 }
 
 // ledger runs vmfork-ledger ARGS in machine name.
+func (d *driverEnv) ledger(name string, args ...string) ledgerAnswer {
+	d.t.Helper()
+	r := d.cli(append([]string{"exec", name, "--", guestHelper}, args...)...)
+	return ledgerAnswer{machine: name, out: strings.TrimSpace(r.stdout), code: r.code, err: strings.TrimSpace(r.stderr)}
+}
+
 func (e *env) ledger(name string, args ...string) ledgerAnswer {
 	e.t.Helper()
-	r := e.vmfork(append([]string{"exec", name, "--", guestHelper}, args...)...)
-	return ledgerAnswer{machine: name, out: strings.TrimSpace(r.stdout), code: r.code, err: strings.TrimSpace(r.stderr)}
+	return e.embedded().ledger(name, args...)
 }
 
 // shConcurrently runs sh -c script in every machine at once (vmfork exec,
 // each its own process) and returns their answers in order. It calls no
 // t.Fatal: it runs goroutines.
 func (e *env) shConcurrently(names []string, script func(name string) string) []ledgerAnswer {
+	return e.embedded().shConcurrently(names, script)
+}
+
+func (d *driverEnv) shConcurrently(names []string, script func(name string) string) []ledgerAnswer {
+	e := d.env
 	out := make([]ledgerAnswer, len(names))
 	var wg sync.WaitGroup
 	for i, n := range names {
@@ -75,8 +90,8 @@ func (e *env) shConcurrently(names []string, script func(name string) string) []
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, e.bin, "--state-dir", e.stateDir, "--mem-dir", e.memDir,
-				"exec", n, "--", "sh", "-c", script(n))
+			args := append([]string{"--state-dir", e.stateDir, "--mem-dir", e.memDir}, d.args...)
+			cmd := exec.CommandContext(ctx, e.bin, append(args, "exec", n, "--", "sh", "-c", script(n))...)
 			var so, se strings.Builder
 			cmd.Stdout, cmd.Stderr = &so, &se
 			err := cmd.Run()
@@ -110,8 +125,13 @@ type ledgerRecordJSON struct {
 
 func (e *env) ledgerRecords(name string) map[string]ledgerRecordJSON {
 	e.t.Helper()
+	return e.embedded().ledgerRecords(name)
+}
+
+func (d *driverEnv) ledgerRecords(name string) map[string]ledgerRecordJSON {
+	d.t.Helper()
 	var recs []ledgerRecordJSON
-	e.jsonOK(&recs, "ledger", name)
+	d.cliJSON(&recs, "ledger", name)
 	out := map[string]ledgerRecordJSON{}
 	for _, r := range recs {
 		out[r.Key] = r
@@ -122,21 +142,26 @@ func (e *env) ledgerRecords(name string) map[string]ledgerRecordJSON {
 // Eight children of one fork claim pay-42 at the same instant: one is
 // granted, seven are told it is taken by that one; a child forked later
 // from a loser and the parent see it taken; a machine of another family is
-// granted the same key.
+// granted the same key. On both drivers.
 func TestLedgerForkRace(t *testing.T) {
-	e := newEnv(t)
-	ledgerRace(t, e, func(name string) { e.boot(name) })
+	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	for _, drv := range conformanceDrivers {
+		t.Run(drv.name, func(t *testing.T) {
+			ledgerRace(t, newDriverEnv(t, drv.args))
+		})
+	}
 }
 
-// ledgerRace is TestLedgerForkRace with boot, the race for either driver.
-func ledgerRace(t *testing.T, e *env, boot func(name string)) {
-	boot("web")
-	e.withHelper("web")
-	if a := e.ledger("web", "ping"); a.code != 0 || !strings.HasPrefix(a.out, "pong") {
+// ledgerRace is TestLedgerForkRace on driver env d.
+func ledgerRace(t *testing.T, d *driverEnv) {
+	web, other, late := d.n("web"), d.n("other"), d.n("late")
+	d.bootGuest(web)
+	d.withHelper(web)
+	if a := d.ledger(web, "ping"); a.code != 0 || !strings.HasPrefix(a.out, "pong") {
 		t.Fatalf("ledger port of a booted machine: %+v, want pong", a)
 	}
 	var fork forkJSON
-	e.jsonOK(&fork, "fork", "web", "--count", "8")
+	d.cliJSON(&fork, "fork", web, "--count", "8")
 	var kids []string
 	for _, c := range fork.Children {
 		kids = append(kids, c.Name)
@@ -145,7 +170,7 @@ func ledgerRace(t *testing.T, e *env, boot func(name string)) {
 		t.Fatalf("fork: %d children, want 8: %+v", len(kids), fork)
 	}
 	at := time.Now().Add(6 * time.Second).Unix()
-	answers := e.shConcurrently(kids, func(string) string { return atSecond(at) + guestHelper + " claim pay-42" })
+	answers := d.shConcurrently(kids, func(string) string { return atSecond(at) + guestHelper + " claim pay-42" })
 	winner, taken := "", 0
 	for _, a := range answers {
 		switch {
@@ -172,25 +197,25 @@ func ledgerRace(t *testing.T, e *env, boot func(name string)) {
 	if loser == winner {
 		loser = kids[1]
 	}
-	e.ok("fork", loser, "late")
-	for _, m := range []string{"late", "web"} {
-		if a := e.ledger(m, "claim", "pay-42"); a.code != 1 || !strings.HasPrefix(a.out, "taken "+winner+" ") {
+	d.cliOK("fork", loser, late)
+	for _, m := range []string{late, web} {
+		if a := d.ledger(m, "claim", "pay-42"); a.code != 1 || !strings.HasPrefix(a.out, "taken "+winner+" ") {
 			t.Errorf("%s: claim pay-42: %+v, want taken by %s", m, a, winner)
 		}
 	}
-	if r := e.ledgerRecords("web")["pay-42"]; r.State != "claimed" || r.Holder != winner {
-		t.Errorf("vmfork ledger web: pay-42 %+v, want claimed by %s", r, winner)
+	if r := d.ledgerRecords(web)["pay-42"]; r.State != "claimed" || r.Holder != winner {
+		t.Errorf("vmfork ledger %s: pay-42 %+v, want claimed by %s", web, r, winner)
 	}
 	// Another family: another root, the same key.
-	boot("other")
-	e.withHelper("other")
-	if a := e.ledger("other", "claim", "pay-42"); a.code != 0 || a.out != "granted" {
+	d.bootGuest(other)
+	d.withHelper(other)
+	if a := d.ledger(other, "claim", "pay-42"); a.code != 0 || a.out != "granted" {
 		t.Errorf("other family: claim pay-42: %+v, want granted", a)
 	}
-	if a := e.ledger(winner, "done", "pay-42", "receipt-1"); a.code != 0 {
+	if a := d.ledger(winner, "done", "pay-42", "receipt-1"); a.code != 0 {
 		t.Errorf("%s: done pay-42: %+v", winner, a)
 	}
-	if a := e.ledger(loser, "claim", "pay-42"); a.code != 1 || !strings.HasSuffix(a.out, " done receipt-1") {
+	if a := d.ledger(loser, "claim", "pay-42"); a.code != 1 || !strings.HasSuffix(a.out, " done receipt-1") {
 		t.Errorf("%s after done: %+v, want taken ... done receipt-1", loser, a)
 	}
 }
