@@ -192,17 +192,16 @@ func (mg *Manager) applyRemove(ctx context.Context, p *stopPlan) error {
 	defer done()
 	if p.foreign {
 		mg.Log.WithField("machine", name).Warn("removing a machine of another driver without stopping it (--force)")
+		mg.detachLedger(ctx, m) // stopLocked detaches the others
 	} else if err := mg.stopLocked(ctx, m, true); err != nil {
 		if !p.force {
 			return fmt.Errorf("rm: %w (use --force to remove it anyway)", err)
 		}
 		mg.Log.WithField("machine", name).WithError(err).Warn("removing despite stop failure")
+		mg.detachLedger(ctx, m)
 	}
 	Fault(FaultRmStopped, m.PID)
 	mg.unbroker(ctx, m)
-	if p.foreign {
-		mg.detachLedger(ctx, m) // stopLocked did for the others
-	}
 	if err := mg.Store.RemoveMachine(name); err != nil {
 		return fmt.Errorf("rm: %w", err)
 	}
