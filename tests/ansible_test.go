@@ -394,7 +394,9 @@ func TestAnsibleDebianModules(t *testing.T) {
 	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	a := newAnsible(t, e.env)
-	e.bootDebian("deb", e.deb.Variants[0])
+	// A child of the shared template (tests/doc.go): ifupdown without dbus,
+	// which the modules and the agent connection do not use.
+	e.forkDebian("deb")
 	e.settle("deb")
 	rc, out, err := a.play("debian", debianPlaybook)
 	if err != nil {

@@ -94,8 +94,9 @@ secrets:
 	if os.Getenv("VMFORK_DEBIAN_GUEST") == "" {
 		return
 	}
+	// The source is a child of the shared template (tests/doc.go).
 	d := newDebianEnv(b)
-	d.bootDebian("deb", d.deb.variant(b, "ifupdown-nodbus"))
+	d.forkDebian("deb")
 	d.settle("deb")
 	d.waitIPv4("deb", 2*time.Minute)
 	pair(d.env, "deb", "debian-user")

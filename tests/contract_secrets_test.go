@@ -161,7 +161,6 @@ func fileHolds(t *testing.T, dir string, values ...string) []string {
 func TestContractSecretsDebian(t *testing.T) {
 	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
-	v := e.deb.variant(t, "ifupdown-nodbus")
 	id := filepath.Base(e.stateDir)
 	apiName, otherName := "api-"+id+".invalid", "other-"+id+".invalid"
 	apiName, otherName = strings.ToLower(apiName), strings.ToLower(otherName)
@@ -184,7 +183,7 @@ secrets:
     value_from: {exec: 'printf "val-%s-%s" "$VMFORK_NAME" "$VMFORK_INDEX"'}
 `), 0o600)
 
-	e.bootDebian("deb", v)
+	e.forkDebian("deb") // from the shared template (tests/doc.go)
 	e.settle("deb")
 	var fr forkJSON
 	e.jsonOK(&fr, "fork", "deb", "deb-1", "deb-2", "--contract", c)
@@ -213,7 +212,8 @@ secrets:
 			t.Errorf("%s: the unbound host got %q, want its placeholder %q", name, got, ph)
 		}
 	}
-	// The values are nowhere a guest or a template could keep them.
+	// The values are nowhere a guest or a template could keep them (the
+	// shared template imported in this store included).
 	if found := fileHolds(t, filepath.Join(e.stateDir, "templates"), values...); len(found) > 0 {
 		t.Errorf("template files hold a value: %v", found)
 	}

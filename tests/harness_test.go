@@ -54,6 +54,9 @@ type env struct {
 	// extraEnv is added to the environment of every vmfork this env runs
 	// (withEnv): a test that runs in parallel cannot t.Setenv.
 	extraEnv []string
+	// debianImported: the shared Debian template is imported into this
+	// store (harness_shared_test.go, env.forkDebian).
+	debianImported bool
 }
 
 func newEnv(t testing.TB) *env {

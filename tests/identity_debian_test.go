@@ -222,11 +222,13 @@ func stepTimes(id *identityJSON) string {
 // TestIdentityDebianMissingTool: a guest that lacks what a step needs gets
 // one line naming what it lacks and what to do, and the fork says the child
 // failed. Here the Debian guest's dhclient, which configured eth0, is
-// removed from the source before the fork (the running one stays).
+// removed from the source before the fork (the running one stays). The
+// source is a child of the shared template (tests/doc.go), whose own
+// network step ran dhclient on eth0.
 func TestIdentityDebianMissingTool(t *testing.T) {
 	t.Parallel() // self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
-	e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"))
+	e.forkDebian("deb")
 	e.waitIPv4("deb", 2*time.Minute)
 	e.exec("deb", "mv", "/sbin/dhclient", "/sbin/dhclient.gone")
 	// Its only child failed: the fork failed (exit 1), and says why.
@@ -301,8 +303,10 @@ func BenchmarkIdentityChain(b *testing.B) {
 		return
 	}
 	{
+		// The source is a child of the shared template (tests/doc.go):
+		// what is measured is its children's chain, as from a booted one.
 		d := newDebianEnv(b)
-		d.bootDebian("deb", d.deb.variant(b, "ifupdown-nodbus"))
+		d.forkDebian("deb")
 		d.settle("deb")
 		d.waitIPv4("deb", 2*time.Minute)
 		measure(d.env, "deb", deb)

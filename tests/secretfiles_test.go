@@ -92,11 +92,12 @@ func TestSecretFiles(t *testing.T) {
 }
 
 // TestSecretFilesDebian is the same on the stock Debian 12 guest (its
-// coreutils, ext4 root disk): one boot, one fork of two children.
+// coreutils, ext4 root disk): a machine forked from the shared template
+// (tests/doc.go), one fork of two children.
 func TestSecretFilesDebian(t *testing.T) {
 	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
-	e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"))
+	e.forkDebian("deb")
 	e.settle("deb")
 	// www-data, a user every Debian has.
 	plantSecretFiles(e.env, "deb", "33:33")
