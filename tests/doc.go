@@ -25,4 +25,21 @@
 // subnet: newLibvirtNet), never calls t.Setenv (env.withEnv gives its vmfork
 // commands a variable) and changes host-wide files only under a lock
 // (hostsEntry).
+//
+// # Shared Debian template
+//
+// Booting the Debian guest and waiting for systemd costs 35-40 s of TCG CPU;
+// a fork of a kept template of it, about 4 s. So a test process boots the
+// Debian guest on QEMU's user network (variant ifupdown-nodbus, debianMemory)
+// once, on the first test that asks for it and never if none does: the
+// fixture (harness_shared_test.go) settles it in a store of its own, keeps it
+// as template debian-base, exports that to an archive and removes the
+// template and the machine, so nothing of it runs; TestMain removes the
+// archive when the tests end. A test gets a settled Debian machine with
+// debianEnv.forkDebian(NAME): the archive is imported into the test's own
+// store once and NAME forked from it, a child with its own identity
+// (hostname NAME, new MAC and DHCP lease, machine-id). Concurrent callers wait
+// for the one boot; if it failed, each fails with its error. Tests whose
+// Debian source must sit on their own bridge, or boot under libvirt (an
+// archive imports under the driver that exported it), still boot it.
 package tests
