@@ -108,7 +108,7 @@ func makeDebianArchive(bin string, deb debianImage) (archive string, err error) 
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := cmd.Run(); err != nil {
-			return out.String(), fmt.Errorf("vmfork %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+			return out.String(), fmt.Errorf("vmfork %s: %v: %s", verbOf(args), err, strings.TrimSpace(errb.String()))
 		}
 		return out.String(), nil
 	}
@@ -141,6 +141,23 @@ func makeDebianArchive(bin string, deb debianImage) (archive string, err error) 
 		return "", fmt.Errorf("QEMU processes %v still run after rm", left)
 	}
 	return archive, nil
+}
+
+// verbOf is the verb and operands of a vmfork command line, without its
+// flags (the boot's kernel command line would make a line of 400 bytes).
+func verbOf(args []string) string {
+	var words []string
+	for i := 0; i < len(args); i++ {
+		switch {
+		case args[i] == "--timeout":
+			i++
+		case strings.HasPrefix(args[i], "-"):
+			return strings.Join(words, " ")
+		default:
+			words = append(words, args[i])
+		}
+	}
+	return strings.Join(words, " ")
 }
 
 // forkDebian gives the test a settled Debian machine called name, on QEMU's
