@@ -307,9 +307,11 @@ func TestLedgerServerKilledDuringClaims(t *testing.T) {
 	done := make(chan []ledgerAnswer, 1)
 	go func() {
 		done <- e.shConcurrently(machines, func(string) string {
-			// Each line: KEY EXIT ANSWER. A short timeout: an unanswered
-			// claim gives up and the burst goes on.
-			return atSecond(at) + fmt.Sprintf("for i in $(seq 1 %d); do a=$(VMFORK_LEDGER_TIMEOUT=2 %s claim burst-$i 2>&1); echo \"burst-$i $? $a\"; done", keys, guestHelper)
+			// Each line: KEY EXIT ANSWER, the answer on one line (an
+			// unanswered claim's message has more than one: echo $a
+			// joins them). A short timeout: an unanswered claim gives
+			// up and the burst goes on.
+			return atSecond(at) + fmt.Sprintf("for i in $(seq 1 %d); do a=$(VMFORK_LEDGER_TIMEOUT=2 %s claim burst-$i 2>&1); c=$?; echo \"burst-$i $c\" $a; done", keys, guestHelper)
 		})
 	}()
 	// Kill the server a moment into the burst.
