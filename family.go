@@ -2,7 +2,10 @@ package vmfork
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"os"
 	"path/filepath"
 )
 
@@ -35,13 +38,48 @@ func familyOf(m *Machine) string {
 // LedgerSocket is the unix socket machine m's QEMU listens on for the
 // family ledger's port, "" when m has no port (a machine made before
 // vmfork gave one, an adopted domain, their children). Drivers render the
-// port from it; the Manager registers it with the ledger.
+// port from it (after PrepareLedgerSocket); the Manager registers it with
+// the ledger.
+//
+// It is <machine dir>/ledger.sock, unless that path is longer than a unix
+// socket's address can hold (sun_path: 108 bytes with its NUL; a deep
+// state dir): then a short path of its own in LedgerRunDir, named by a
+// digest of the long one, so that every vmfork command finds the same.
 func (m *Machine) LedgerSocket() string {
 	if !m.Spec.LedgerPort {
 		return ""
 	}
-	if m.Paths.Ledger != "" {
-		return m.Paths.Ledger
+	p := m.Paths.Ledger
+	if p == "" {
+		p = filepath.Join(m.Paths.Dir, fileLedger)
 	}
-	return filepath.Join(m.Paths.Dir, fileLedger)
+	if len(p) <= maxSocketPath {
+		return p
+	}
+	sum := sha256.Sum256([]byte(p))
+	return filepath.Join(LedgerRunDir, hex.EncodeToString(sum[:12])+".sock")
+}
+
+// maxSocketPath is the longest path a unix socket can be bound at.
+const maxSocketPath = 107
+
+// LedgerRunDir holds the ledger sockets of machines whose own directory is
+// too deep for one (LedgerSocket); a variable for tests.
+var LedgerRunDir = "/run/vmfork/ledger"
+
+// PrepareLedgerSocket makes the directory of m's ledger socket where it is
+// not m's own (LedgerRunDir) and removes a socket a QEMU that is gone left
+// there; drivers call it before they start m's QEMU.
+func (m *Machine) PrepareLedgerSocket() error {
+	sock := m.LedgerSocket()
+	if sock == "" || filepath.Dir(sock) != LedgerRunDir {
+		return nil
+	}
+	if err := os.MkdirAll(LedgerRunDir, 0o711); err != nil {
+		return fmt.Errorf("machine %q: ledger socket: %w", m.Name, err)
+	}
+	if err := os.Remove(sock); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("machine %q: ledger socket: %w", m.Name, err)
+	}
+	return nil
 }

@@ -1,6 +1,11 @@
 package vmfork
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
 
 // Every machine and template made from a root shares its family; another
 // root is another family.
@@ -63,5 +68,41 @@ func TestFamilies(t *testing.T) {
 	}
 	if seen != 2 {
 		t.Errorf("found %d of the templates golden and web-cp1", seen)
+	}
+}
+
+// A machine whose own directory is too deep for a unix socket's address
+// gets its ledger socket in LedgerRunDir, the same path every time, made
+// ready (directory made, a stale socket gone) by PrepareLedgerSocket.
+func TestLedgerSocketOfADeepMachine(t *testing.T) {
+	run := t.TempDir()
+	old := LedgerRunDir
+	LedgerRunDir = run
+	t.Cleanup(func() { LedgerRunDir = old })
+
+	short := &Machine{Name: "web", Spec: Spec{LedgerPort: true}, Paths: Paths{Dir: "/var/lib/vmfork/machines/web"}}
+	if got := short.LedgerSocket(); got != "/var/lib/vmfork/machines/web/ledger.sock" {
+		t.Errorf("short dir: socket %q, want the machine's own", got)
+	}
+	deep := &Machine{Name: "web", Spec: Spec{LedgerPort: true}, Paths: Paths{Dir: "/var/tmp/" + strings.Repeat("d", 100) + "/machines/web"}}
+	got := deep.LedgerSocket()
+	if filepath.Dir(got) != run || len(got) > maxSocketPath || got != deep.LedgerSocket() {
+		t.Fatalf("deep dir: socket %q, want a stable short path in %s", got, run)
+	}
+	other := &Machine{Name: "web2", Spec: Spec{LedgerPort: true}, Paths: Paths{Dir: deep.Paths.Dir + "2"}}
+	if other.LedgerSocket() == got {
+		t.Errorf("two deep machines share socket %q", got)
+	}
+	if err := os.WriteFile(got, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := deep.PrepareLedgerSocket(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(got); !os.IsNotExist(err) {
+		t.Errorf("stale socket %s still there: %v", got, err)
+	}
+	if (&Machine{Name: "old", Paths: deep.Paths}).LedgerSocket() != "" {
+		t.Errorf("a machine without the port has a socket")
 	}
 }

@@ -78,6 +78,9 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	}
 	// START_PAUSED is what keeps libvirt from sending cont at once, which
 	// QEMU 7.2 would act on before the load (activating the disk early).
+	if err := child.PrepareLedgerSocket(); err != nil {
+		return err
+	}
 	dom, err := d.conn.DomainCreateXML(x, libvirt.DOMAIN_START_PAUSED)
 	if err != nil {
 		return fmt.Errorf("create domain %q: %w", child.Name, wrap(err))

@@ -256,6 +256,9 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 	if err != nil {
 		return fmt.Errorf("domain XML: %w", err)
 	}
+	if err := m.PrepareLedgerSocket(); err != nil {
+		return err
+	}
 	dom, err := d.conn.DomainCreateXML(x, 0)
 	if err != nil {
 		return fmt.Errorf("create domain %q: %w", m.Name, named("virDomainCreateXML", err))

@@ -62,6 +62,9 @@ func (d *Driver) CheckNetwork(ctx context.Context, m *vmfork.Machine) error {
 // (contract.go). The tap lives exactly as long as QEMU; the rules until
 // the machine is stopped.
 func (d *Driver) spawnMachine(ctx context.Context, bin string, m *vmfork.Machine, opt ArgvOptions) (p *process, err error) {
+	if err := m.PrepareLedgerSocket(); err != nil {
+		return nil, err
+	}
 	cg, rules, err := d.egressBeforeStart(ctx, m)
 	if err != nil {
 		return nil, err
