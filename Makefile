@@ -84,7 +84,7 @@ fuzz:
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
 	@scripts/libvirtd.sh
-	VMFORK_BIN=$(BIN) VMFORK_BENCH_BIN=$(BENCH_BIN) VMFORK_FAILPOINTS_BIN=$(FAILPOINTS_BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -parallel 3 -timeout 80m -v ./tests/...
+	VMFORK_BIN=$(BIN) VMFORK_BENCH_BIN=$(BENCH_BIN) VMFORK_FAILPOINTS_BIN=$(FAILPOINTS_BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -parallel 64 -timeout 80m -v ./tests/...
 
 # Benchmarks boot real guests; figures go to stdout (and JSON to $VMFORK_BENCH_JSON).
 bench: deps build guest guest-debian

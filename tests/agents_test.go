@@ -194,7 +194,7 @@ type exploreJSON struct {
 // one passes fast. The fast one is kept, with its changes; no other QEMU
 // and no other machine is left.
 func TestExploreKeepsTheFastWinner(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.stopReapersOnCleanup()
 	src := e.boot("src")
@@ -247,7 +247,7 @@ func TestExploreKeepsTheFastWinner(t *testing.T) {
 // An explore killed while its tries run leaves its branches to the reaper,
 // which removes every one of them with no vmfork command run.
 func TestExploreKilledMidWayLeavesNoBranch(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.stopReapersOnCleanup()
 	src := e.boot("src")
@@ -321,7 +321,7 @@ func (n *treeNodeJSON) shape() string {
 // Source → template → child → template → grandchild, shown correctly also
 // after the middle machine was removed.
 func TestTreeThreeLevels(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("base")
 	e.ok("fork", "base", "kid")

@@ -224,7 +224,7 @@ const badPlaybook = `
 `
 
 func TestAnsiblePlaybook(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	a := newAnsible(t, e)
 	a.vars["kernel"], a.vars["initrd"], a.vars["disk"] = e.guest.Kernel, e.guest.Initrd, e.guest.Disk
@@ -391,7 +391,7 @@ const debianPlaybook = `
 `
 
 func TestAnsibleDebianModules(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	a := newAnsible(t, e.env)
 	// A child of the shared template (tests/doc.go): ifupdown without dbus,

@@ -44,7 +44,7 @@ func runBadCases(t *testing.T, e *env, cases []badCase, after func(t *testing.T)
 // ports, flags, files and records, each refused with one line and exit 2
 // (4 for a name that does not exist), changing nothing.
 func TestBadInputTable(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	g := e.guest
 	dir := t.TempDir()

@@ -55,7 +55,7 @@ func TestBadInput(t *testing.T) {
 
 // TestBootFailures covers a taken name and a QEMU that dies during boot.
 func TestBootFailures(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	m := e.boot("taken")
 	r := e.vmfork("boot", "taken", "--kernel", e.guest.Kernel, "--initrd", e.guest.Initrd)

@@ -11,7 +11,7 @@ import (
 
 // TestBootExecListRemove walks the basic life of a machine on the real guest.
 func TestBootExecListRemove(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	m := e.boot("g", "--port", "0:22")
 	if m.Name != "g" || m.State != "running" || m.PID <= 0 {
@@ -80,7 +80,7 @@ func TestBootExecListRemove(t *testing.T) {
 // TestStopKeepsDisk stops a machine: it shows as stopped, exec refuses it, and
 // its disk overlay with what the guest wrote stays.
 func TestStopKeepsDisk(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	m := e.boot("s")
 	e.exec("s", "sh", "-c", "echo kept > /data/kept && sync")

@@ -65,7 +65,7 @@ func (b benchBases) dirs() []string {
 // leaves nothing behind. The figures themselves are the benchmark's, not a
 // test's: only their presence is checked.
 func TestBenchPeersSmoke(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	b := newBenchBases(t)
 	cmd := b.command(t, "bench", "peers", "--guest", filepath.Dir(e.guest.Kernel), "--memory", "256M",
@@ -123,7 +123,7 @@ func TestBenchPeersSmoke(t *testing.T) {
 // TestBenchBurstSmoke runs a burst of three children and checks that all
 // answered and that the run cleaned up.
 func TestBenchBurstSmoke(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	b := newBenchBases(t)
 	out, err := b.command(t, "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",

@@ -29,7 +29,7 @@ const concurrencyCmdTimeout = 8 * time.Minute
 // host port or vmgenid, no source is paused, and every QEMU under the state
 // dir has a record.
 func TestConcurrency(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	srcs := []string{"ca", "cb", "cc", "cd"}
 	var boots []cmdSpec

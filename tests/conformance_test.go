@@ -22,10 +22,10 @@ var conformanceDrivers = []struct {
 // TestConformance runs the one suite every driver must pass, once per driver
 // (the embedded QEMU driver and libvirt), on the busybox test guest.
 func TestConformance(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallelParent(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, drv := range conformanceDrivers {
 		t.Run(drv.name, func(t *testing.T) {
-			t.Parallel() // each driver its own env (tests/doc.go, "Parallel")
+			parallel(t) // each driver its own env (tests/doc.go, "Parallel")
 			conformance(t, newDriverEnv(t, drv.args), busyboxConformance)
 		})
 	}
@@ -41,7 +41,7 @@ func TestConformance(t *testing.T) {
 // under TCG costs ten times a fork. libvirt boots its own: an archive
 // imports under the driver it was exported with only.
 func TestConformanceDebian(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallelParent(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	deb := debianGuest(t)
 	v := deb.variant(t, "ifupdown-nodbus")
 	g := conformanceGuest{
@@ -71,7 +71,7 @@ func TestConformanceDebian(t *testing.T) {
 	}
 	for _, drv := range conformanceDrivers {
 		t.Run(drv.name, func(t *testing.T) {
-			t.Parallel() // each driver its own env (tests/doc.go, "Parallel")
+			parallel(t) // each driver its own env (tests/doc.go, "Parallel")
 			conformance(t, newDriverEnvGuest(t, drv.args, deb.guest), g)
 		})
 	}

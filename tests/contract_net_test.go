@@ -185,7 +185,7 @@ func egressChecks(t *testing.T, s *netServers, run guestRunner, parent, none, al
 // rules are a bridge table on its tap in the bridge's namespace, removed
 // with the child.
 func TestContractBridge(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	b := newBridgeNet(t)
 	e := newEnv(t)
 	b.inNamespace(t, e)
@@ -226,7 +226,7 @@ func TestContractBridge(t *testing.T) {
 // (libvirt driver): each child's interface gets a network filter of its
 // own, which virsh lists, and which goes with the child.
 func TestContractLibvirtNetwork(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	n := newLibvirtNet(t)
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	if out, err := exec.Command("ip", "addr", "add", "169.254.169.254/32", "dev", n.bridge).CombinedOutput(); err != nil {

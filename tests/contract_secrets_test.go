@@ -159,7 +159,7 @@ func fileHolds(t *testing.T, dir string, values ...string) []string {
 // only; the values' bytes are in no file of the template nor in either
 // child's RAM.
 func TestContractSecretsDebian(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	id := filepath.Base(e.stateDir)
 	apiName, otherName := "api-"+id+".invalid", "other-"+id+".invalid"

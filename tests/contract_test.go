@@ -227,7 +227,7 @@ func (e *env) egressTables() string {
 // by a rewind, shown by ls --json and --dry-run, changed in place by
 // --set, and its rules go with the machine.
 func TestContractUserNetwork(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	srv := startEchoServers(t)
 	dir := t.TempDir()

@@ -31,7 +31,7 @@ import (
 // clean and no template file changed. A few points only: each run starts
 // libvirt domains under TCG.
 func TestCrashMatrixLibvirt(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	r := &rig{env: d.env, t: t, faultBin: failpointsBin(t)}
 	src := d.n("src")

@@ -65,7 +65,7 @@ type crashCase struct {
 func (c crashCase) self() bool { return !strings.HasSuffix(c.fault, ":qemu") }
 
 func TestCrashMatrix(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	r := &rig{env: e, t: t, faultBin: failpointsBin(t)}
 	t.Cleanup(r.killStrays)
@@ -545,7 +545,7 @@ func (r *rig) killStrays() {
 // an error that names the wait and shows the serial console, and leaves
 // nothing behind.
 func TestBootNeverAnswers(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	start := time.Now()
 	// panic=0: the kernel stops at its panic, so the console's last lines

@@ -37,7 +37,7 @@ func (e *env) hasIvshmem(name string) bool {
 // refused and detached again; the children have no such device and fork
 // without the flag.
 func TestDetachDevices(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("dev", ivshmemArgs(e.memDir)...)
 	if !e.hasIvshmem("dev") {
@@ -117,7 +117,7 @@ func domainHasIvshmem(t *testing.T, name string, want bool) bool {
 // it the fork works, the device is back in the source (libvirt's live XML
 // and the guest), and the child has none and forks without the flag.
 func TestLibvirtDetachDevices(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p := d.n("shm")
 	x := operatorXML(p, d.guest, "", sharedFileRAM, noBalloon)

@@ -110,7 +110,7 @@ type importJSON struct {
 // from the saved instant. Archives that are corrupted, truncated or name
 // another QEMU version or machine type are refused, leaving nothing.
 func TestExportImport(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.exec("src", "vmfork-counter", "start")
@@ -199,7 +199,7 @@ func TestExportImport(t *testing.T) {
 // template; its children boot fresh from it, with identities of their own,
 // and each writes to a copy-on-write overlay of its own.
 func TestKeptTemplateOfStoppedMachine(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	src := e.boot("src")
 	e.exec("src", "sh", "-c", "echo on-disk > /data/at-save; sync")
@@ -257,7 +257,7 @@ func (e *env) waitCounter(name string, n int) int {
 // name and MAC unchanged; a second rewind to the same checkpoint works; a
 // checkpoint of another machine is refused without --force.
 func TestCheckpointRewind(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.boot("other")

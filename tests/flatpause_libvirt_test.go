@@ -65,7 +65,7 @@ func domainOf(t *testing.T, name string) string {
 // changes after its children ran; removing the middle machine of the chain
 // keeps its descendant working; nothing is left.
 func TestLibvirtFlatPause(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p, c1, g1, c2 := d.n("p"), d.n("c1"), d.n("g1"), d.n("c2")
 	d.bootGuest(p)
@@ -163,7 +163,7 @@ func TestLibvirtFlatPause(t *testing.T) {
 // domain runs on with its state intact, nothing of the fork is left, and the
 // next fork works.
 func TestLibvirtFlatPauseFailure(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	s := d.n("s")
 	d.bootGuest(s)

@@ -81,7 +81,7 @@ func (e *env) counterAdvances(name string) {
 // PIDs and data, their later writes stay their own, and no template file
 // changes after its children and its source ran and wrote.
 func TestFlatPauseContinues(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	pid := strings.TrimSpace(e.exec("src", "vmfork-counter", "start"))
@@ -191,7 +191,7 @@ func (e *env) assertEmpty() {
 // parent's state, none streams its RAM, and removing a middle machine keeps
 // its descendants working.
 func TestFlatPauseChain(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("g0")
 	pid := strings.TrimSpace(e.exec("g0", "vmfork-counter", "start"))
@@ -238,7 +238,7 @@ func TestFlatPauseChain(t *testing.T) {
 // before each of 20 steps, the previous checkpoint removed. Each child holds
 // the source's state at its fork, and nothing is left once all is removed.
 func TestFlatPauseLoop(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("agent")
 	e.exec("agent", "vmfork-counter", "start")
@@ -277,7 +277,7 @@ func TestFlatPauseLoop(t *testing.T) {
 // the source's RAM was remapped: the fork fails, the source runs on with its
 // state intact, nothing of the fork is left, and the next fork works.
 func TestFlatPauseFailure(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	pid := strings.TrimSpace(e.exec("s", "vmfork-counter", "start"))

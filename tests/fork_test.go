@@ -61,7 +61,7 @@ func fileSHA256(t *testing.T, path string) string {
 // TestForkRunning is the heart of vmfork: a running source becomes four
 // running machines that continue from the same instant and then diverge.
 func TestForkRunning(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src", "--port", "0:22")
 	pid := strings.TrimSpace(e.exec("src", "vmfork-counter", "start"))
@@ -186,7 +186,7 @@ func TestForkRunning(t *testing.T) {
 // TestForkTwiceAndForkAChild forks one source twice (its disk chain grows
 // under a running QEMU) and forks a child (whose RAM is private).
 func TestForkTwiceAndForkAChild(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("p")
 	e.exec("p", "sh", "-c", "echo one > /data/gen; sync")
@@ -213,7 +213,7 @@ func TestForkTwiceAndForkAChild(t *testing.T) {
 
 // TestForkStopped forks a stopped source: its children boot fresh from its disk.
 func TestForkStopped(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("cold")
 	e.exec("cold", "sh", "-c", "echo before-stop > /data/kept; sync")
@@ -240,7 +240,7 @@ func TestForkStopped(t *testing.T) {
 // TestForkBadInput checks that a fork that cannot be done says why, exits
 // non-zero and changes nothing: the source keeps running, unpaused.
 func TestForkBadInput(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	e.exec("s", "vmfork-counter", "start")
@@ -303,7 +303,7 @@ func TestForkBadInput(t *testing.T) {
 // TestForkPartial makes one child's QEMU fail to start: the others stay, the
 // failure is named, and the exit code is 3.
 func TestForkPartial(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	stub := filepath.Join(t.TempDir(), "qemu-stub")

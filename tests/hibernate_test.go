@@ -46,7 +46,7 @@ func usage(t *testing.T, dir string) int64 {
 // identity unchanged and its clock stepped to the host's; hibernated again
 // and removed, nothing of it is left.
 func TestHibernateResume(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.exec("src", "vmfork-counter", "start")

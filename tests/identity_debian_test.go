@@ -27,7 +27,7 @@ import (
 // each child's new keys; and that each step names the mechanism the
 // variant calls for.
 func TestIdentityDebian(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallelParent(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	d := debianGuest(t)
 	if len(d.Variants) != 4 {
 		t.Fatalf("got variants %v, want ifupdown/networkd × dbus/nodbus", d.variantNames())
@@ -36,7 +36,7 @@ func TestIdentityDebian(t *testing.T) {
 		t.Run(v.Name, func(t *testing.T) {
 			// Each variant its own bridge and env: they run beside other
 			// tests, not one after another at the end of the suite.
-			t.Parallel()
+			parallel(t)
 			identityDebianVariant(t, v)
 		})
 	}
@@ -226,7 +226,7 @@ func stepTimes(id *identityJSON) string {
 // source is a child of the shared template (tests/doc.go), whose own
 // network step ran dhclient on eth0.
 func TestIdentityDebianMissingTool(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	e.forkDebian("deb")
 	e.waitIPv4("deb", 2*time.Minute)

@@ -32,7 +32,7 @@ func orderHook(nn string) string {
 // filter), hostname, address, machine-id, hooks run once in order, and the
 // link up at the end.
 func TestIdentityFresh(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	// A real guest's CRNG is seeded long before anyone forks it; this quiet
@@ -239,7 +239,7 @@ func TestIdentityClock(t *testing.T) {
 // fails that child's identity, named with the hook's exit code and stderr;
 // the fork exits 3. Killed by default, kept with its link down on request.
 func TestIdentityHookFailure(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.install("src", "/etc/vmfork/post-fork.d/50-license", `#!/bin/sh
@@ -291,6 +291,7 @@ exit 3
 // error within the step timeout, never a hang. The source's agent is
 // killed before the fork, so its children have none either.
 func TestIdentityNoAgent(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	// Detached, so that the exec returns before its agent dies.
@@ -322,7 +323,7 @@ func TestIdentityNoAgent(t *testing.T) {
 // TestIdentityBadInput: bad identity options are usage errors, found before
 // the source is paused.
 func TestIdentityBadInput(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("s")
 	bad := writeSpec(t, "hostnam: web-{n}\n")

@@ -144,7 +144,7 @@ func (d *driverEnv) ledgerRecords(name string) map[string]ledgerRecordJSON {
 // from a loser and the parent see it taken; a machine of another family is
 // granted the same key. On both drivers.
 func TestLedgerForkRace(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, drv := range conformanceDrivers {
 		t.Run(drv.name, func(t *testing.T) {
 			ledgerRace(t, newDriverEnv(t, drv.args))
@@ -225,6 +225,7 @@ func ledgerRace(t *testing.T, d *driverEnv) {
 // one claimant, and once its losers are removed their claims that are not
 // done are released and their done ones stay.
 func TestLedgerRewindAndExplore(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.stopReapersOnCleanup()
 	e.boot("web")
@@ -297,6 +298,7 @@ func TestLedgerRewindAndExplore(t *testing.T) {
 // after it, no key has two holders: at most one machine was ever granted
 // (or told yours of) each key, and the ledger names that machine.
 func TestLedgerServerKilledDuringClaims(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("web")
 	e.withHelper("web")

@@ -19,7 +19,7 @@ import (
 // domain itself forgets it, once its owner has merged the overlay vmfork
 // moved it onto back into the image.
 func TestLibvirtAdoptExistingDomain(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	user := t.TempDir()
 	reachableByQEMU(t, filepath.Dir(user))
@@ -149,7 +149,7 @@ func TestLibvirtAdoptExistingDomain(t *testing.T) {
 // templates go, the image stays, unchanged, as the base of the domain's
 // disk chain: nothing of it is copied into the state dir.
 func TestLibvirtAdoptImageOnAnotherFileSystem(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	shm, err := os.MkdirTemp("/dev/shm", "vmfork-adopt-")
 	if err != nil {
 		t.Fatal(err)
@@ -204,6 +204,7 @@ func TestLibvirtAdoptImageOnAnotherFileSystem(t *testing.T) {
 // forked as they are: the error names the XML element to change or what to
 // do, and nothing changes, on the host or in vmfork's state.
 func TestLibvirtAdoptUnforkable(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	g := d.guest
 	cases := []struct {

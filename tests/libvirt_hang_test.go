@@ -257,7 +257,7 @@ func hangCheck(t *testing.T, d *driverEnv, uri string, names []string, args ...s
 // stopped before vmfork connects) fails ls within the bound, naming
 // virConnectOpen.
 func TestLibvirtHungConnect(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, nil)
 	sock := filepath.Join(t.TempDir(), "libvirt-sock")
 	ln, err := net.Listen("unix", sock)
@@ -294,7 +294,7 @@ func TestLibvirtHungConnect(t *testing.T) {
 // a fork whose source libvirt paused and was then asked to resume leaves the
 // source for the next command to resume, which it does.
 func TestLibvirtHungCalls(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	src := d.n("src")
 	d.bootGuest(src)

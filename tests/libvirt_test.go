@@ -17,7 +17,7 @@ import (
 // would: virsh destroy and vmfork rm. Either way nothing is left, and the
 // template goes with the last child.
 func TestLibvirtForkIntoDomains(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p := d.n("p")
 	kids := []string{p + "-1", p + "-2", p + "-3"}
@@ -204,7 +204,7 @@ func contains(xs []string, x string) bool {
 // libvirt domains from it later. The libvirt driver has no warm pool: asking
 // for one is refused before anything is paused.
 func TestLibvirtKeptTemplate(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	p, gold := d.n("p"), d.n("gold")
 	d.bootGuest(p)

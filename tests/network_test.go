@@ -139,7 +139,7 @@ func (b *bridgeNet) tapsOn(t *testing.T) []string {
 // taps go with their machines. A missing bridge or one that is not a bridge
 // is refused before anything starts or pauses.
 func TestNetworkBridgeChildren(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	b := newBridgeNet(t)
 	e := newEnv(t)
 	b.inNamespace(t, e)
@@ -226,7 +226,7 @@ func TestNetworkBridgeChildren(t *testing.T) {
 // no -netdev, and its children keep their address instead of asking for a
 // lease nobody would give.
 func TestNetworkNone(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	src := e.boot("src", "--network", "none")
 	if got := e.networkOf("src"); got != "none" {
@@ -253,7 +253,7 @@ func TestNetworkNone(t *testing.T) {
 // stock Debian guest (ifupdown and dhclient): the children must drop the
 // lease and address they inherit and each get one of their own.
 func TestNetworkBridgeChildrenDebian(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	b := newBridgeNet(t)
 	e := newDebianEnv(t)
 	b.inNamespace(t, e.env)
@@ -478,10 +478,10 @@ func (n *libvirtNet) leasesOf(t *testing.T, mac string) []string {
 // the same network, each under its own MAC with one lease of its own from
 // the network's dnsmasq (none the parent's), and each reaches the parent.
 func TestNetworkLibvirtChildren(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallelParent(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	for _, kind := range []string{"network", "bridge"} {
 		t.Run(kind, func(t *testing.T) {
-			t.Parallel() // a network (and subnet) of its own
+			parallel(t) // a network (and subnet) of its own
 			n := newLibvirtNet(t)
 			name := n.name
 			if kind == "bridge" {
@@ -568,7 +568,7 @@ func forkOnLibvirtNet(t *testing.T, n *libvirtNet, nic, network string) {
 // isolated libvirt network, and refuses, with nothing made, a network that
 // does not exist and a NIC with nothing behind it.
 func TestNetworkLibvirtBoot(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	n := newLibvirtNet(t)
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	for _, c := range []struct{ network, says string }{

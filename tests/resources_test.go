@@ -22,7 +22,7 @@ import (
 // names the mem dir, the source keeps running, nothing half-made stays, and
 // forks work again once there is room.
 func TestMemDirFull(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.mountTmpfs(300 << 20)
 	e.boot("src")
@@ -53,7 +53,7 @@ func TestMemDirFull(t *testing.T) {
 // running; every machine left is whole (recorded, running, its agent answers)
 // and no QEMU runs without a record.
 func TestStateDirFull(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.mountLoopExt4(96 << 20)
 	e.boot("src")

@@ -84,7 +84,7 @@ func forkSecretFiles(t *testing.T, e *env, parent, owner string) {
 // fork's contract wipes a file and rotates another in each child, before
 // its NIC comes up, each child's value its own; the parent is unchanged.
 func TestSecretFiles(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	plantSecretFiles(e, "src", "1000:1001")
@@ -95,7 +95,7 @@ func TestSecretFiles(t *testing.T) {
 // coreutils, ext4 root disk): a machine forked from the shared template
 // (tests/doc.go), one fork of two children.
 func TestSecretFilesDebian(t *testing.T) {
-	t.Parallel() // heavy and self-contained (tests/doc.go, "Parallel")
+	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
 	e := newDebianEnv(t)
 	e.forkDebian("deb")
 	e.settle("deb")

@@ -16,7 +16,7 @@ import (
 // runs under the seccomp sandbox, and strings from the command line reach
 // the guest as data, never as shell text.
 func TestPrivateFilesAndSandbox(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	// Dirs made by someone else with open modes become private.
 	os.Chmod(e.stateDir, 0o755)

@@ -58,7 +58,7 @@ func (e *env) template(name string) templateJSON {
 // TestKeptTemplateWithPool keeps a running machine's instant, forks children
 // from it later (the first ones from the warm pool), and gives it up.
 func TestKeptTemplateWithPool(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.exec("src", "vmfork-counter", "start")

@@ -62,7 +62,7 @@ func traceEvents(stderr, event string) []traceEvent {
 // its QEMU's phases, running, each identity step and ready, in that
 // order, with the figures the --json result has.
 func TestForkTraceJSON(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	r := e.ok("fork", "src", "kid", "--json", "--trace-json")

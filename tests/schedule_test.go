@@ -1,0 +1,148 @@
+//go:build integration
+
+package tests
+
+import (
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The order parallel tests run in (tests/doc.go, "Parallel"). go test
+// releases its paused parallel tests in an order of its own (in practice
+// the last file's first) and a parallel subtest waits for a slot until its
+// parent returns, so the suite's longest work (the Debian variants, the
+// conformance suites) queued behind everything else and ran alone at the
+// end: a tail of minutes on a 2-core host with cores to spare. So make
+// integration lifts go test's own limit (-parallel 64) and the tests take
+// slots from this scheduler instead, longest expected first (LPT): the
+// makespan of a list scheduled longest first is within 4/3 of the best.
+
+// testSlots is how many slotted tests run at once: VMFORK_TEST_SLOTS, or 3
+// (three at once fill a 2-core TCG host that one at a time left a quarter
+// idle; more makes the timeouts of guests under test the bottleneck).
+func testSlots() int {
+	if n, err := strconv.Atoi(os.Getenv("VMFORK_TEST_SLOTS")); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
+
+// expectedSeconds is each long test's time on a 2-core TCG host (a CI run
+// of make test, 2026-12), the scheduler's priority: longest first. A test
+// not listed counts as defaultExpected. The figures only order the queue;
+// a stale one costs minutes of tail, never a failure.
+var expectedSeconds = map[string]int{
+	"TestIdentityDebian/ifupdown-dbus":   140,
+	"TestIdentityDebian/ifupdown-nodbus": 140,
+	"TestIdentityDebian/networkd-dbus":   140,
+	"TestIdentityDebian/networkd-nodbus": 140,
+	"TestConformanceDebian/libvirt":      150,
+	"TestConformanceDebian/qemu":         120,
+	"TestContractSecretsDebian":          135,
+	"TestSecretFilesDebian":              130,
+	"TestCrashMatrix":                    150,
+	"TestAnsibleDebianModules":           130,
+	"TestNetworkBridgeChildrenDebian":    130,
+	"TestLedgerForkRace":                 110,
+	"TestCrashMatrixLibvirt":             100,
+	"TestConformance/libvirt":            90,
+	"TestConformance/qemu":               80,
+	"TestConcurrency":                    80,
+	"TestFlatPauseLoop":                  75,
+	"TestLibvirtFlatPause":               70,
+	"TestContractLibvirtNetwork":         70,
+	"TestContractUserNetwork":            65,
+	"TestCheckpointRewind":               60,
+	"TestNetworkLibvirtChildren/network": 60,
+	"TestNetworkLibvirtChildren/bridge":  60,
+	"TestLibvirtKeptTemplate":            60,
+	"TestLibvirtHungCalls":               55,
+}
+
+const defaultExpected = 30
+
+// slots hands out testSlots() slots, to the waiter expected to run longest.
+// Nothing is handed out until gather after the first request: go test
+// releases every paused test at once, and the first few to arrive must not
+// take the slots before the long ones have asked.
+type slotScheduler struct {
+	mu      sync.Mutex
+	free    int
+	open    bool
+	started bool
+	waiting []*slotWaiter
+}
+
+type slotWaiter struct {
+	expected int
+	ready    chan struct{}
+}
+
+const gather = 500 * time.Millisecond
+
+var slots = &slotScheduler{free: testSlots()}
+
+// parallel is t.Parallel() for a test that works itself: it waits for a
+// slot (longest expected first) and gives it back when it and its subtests
+// end. A test whose subtests are parallel calls parallelParent instead.
+func parallel(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	t.Cleanup(slots.acquire(t.Name()))
+}
+
+// parallelParent is t.Parallel() for a test that only starts parallel
+// subtests: it holds no slot (its subtests wait for theirs after it
+// returns, and a parent holding one would starve them).
+func parallelParent(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
+// acquire blocks until name has a slot and returns its release.
+func (s *slotScheduler) acquire(name string) (release func()) {
+	w := &slotWaiter{expected: defaultExpected, ready: make(chan struct{})}
+	if n, ok := expectedSeconds[name]; ok {
+		w.expected = n
+	}
+	s.mu.Lock()
+	s.waiting = append(s.waiting, w)
+	if !s.started {
+		s.started = true
+		time.AfterFunc(gather, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.open = true
+			s.dispatchLocked()
+		})
+	}
+	s.dispatchLocked()
+	s.mu.Unlock()
+	<-w.ready
+	return sync.OnceFunc(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.free++
+		s.dispatchLocked()
+	})
+}
+
+// dispatchLocked gives free slots to the longest expected waiters, first
+// come first among equals.
+func (s *slotScheduler) dispatchLocked() {
+	for s.open && s.free > 0 && len(s.waiting) > 0 {
+		best := 0
+		for i, w := range s.waiting {
+			if w.expected > s.waiting[best].expected {
+				best = i
+			}
+		}
+		w := s.waiting[best]
+		s.waiting = append(s.waiting[:best], s.waiting[best+1:]...)
+		s.free--
+		close(w.ready)
+	}
+}
