@@ -18,10 +18,10 @@ import (
 // (ifupdown + dhclient or systemd-networkd, with and without dbus) on a
 // bridge with a DHCP server of its own, checks that it is the system the
 // variant asks for (checkDebianVariant), forks it into three children, and
-// checks
-// that parent and children are pairwise distinct in machine-id, every SSH
-// host key, MAC, hostname, IPv4 address, DHCP lease and a urandom sample;
-// that each child has exactly one IPv4 address on its NIC; that systemd
+// checks that parent and children are pairwise distinct in machine-id,
+// every SSH host key, MAC, hostname, IPv4 address, DHCP lease and a urandom
+// sample; that each child is on its parent's bridge with a tap of its own,
+// has exactly one IPv4 address on its NIC and pings the parent; that systemd
 // says what it said in the parent before the fork, with no new failed
 // units; that ssh-keyscan from the host (in the bridge's namespace) gets
 // each child's new keys; and that each step names the mechanism the
@@ -67,10 +67,18 @@ func identityDebianVariant(t *testing.T, v debianVariant) {
 	if len(res.Children) != 3 {
 		t.Fatalf("fork: %+v (%s)", res, r)
 	}
+	// On the bridge as its parent (once TestNetworkBridgeChildrenDebian,
+	// which booted a fifth Debian guest for these checks): a tap each.
+	if taps := b.tapsOn(t); len(taps) != 4 {
+		t.Errorf("taps on %s: %v, want one each for the source and its three children", b.bridge, taps)
+	}
 	seen := newDistinct(t)
 	seen.add("deb", parent)
 	for _, c := range res.Children {
 		id := c.Identity
+		if got := e.networkOf(c.Name); got != "bridge="+b.bridge {
+			t.Errorf("%s's network is %q, want its source's bridge=%s", c.Name, got, b.bridge)
+		}
 		var steps []string
 		for _, s := range id.Steps {
 			steps = append(steps, s.Name+"="+s.Status)
@@ -118,6 +126,9 @@ func identityDebianVariant(t *testing.T, v debianVariant) {
 			if !contains(failedBefore, u) {
 				t.Errorf("%s: unit %s failed after the fork (the parent had %v)", c.Name, u, failedBefore)
 			}
+		}
+		if out, err := e.tryExec(c.Name, "ping", "-c", "2", "-W", "2", parent.lease); err != nil {
+			t.Errorf("%s cannot ping the parent at %s over the bridge: %v: %s", c.Name, parent.lease, err, out)
 		}
 		// What a client on the network gets: the child's new keys.
 		scanned := keyscan(t, b, f.lease)

@@ -249,24 +249,6 @@ func TestNetworkNone(t *testing.T) {
 	}
 }
 
-// TestNetworkBridgeChildrenDebian is TestNetworkBridgeChildren's fork on the
-// stock Debian guest (ifupdown and dhclient): the children must drop the
-// lease and address they inherit and each get one of their own.
-func TestNetworkBridgeChildrenDebian(t *testing.T) {
-	parallel(t) // heavy and self-contained (tests/doc.go, "Parallel")
-	b := newBridgeNet(t)
-	e := newDebianEnv(t)
-	b.inNamespace(t, e.env)
-	src := e.bootDebian("deb", e.deb.variant(t, "ifupdown-nodbus"), "--network", "bridge="+b.bridge)
-	e.waitIPv4("deb", 2*time.Minute)
-	parentIP := b.leaseOf(t, src.MAC)
-	if parentIP == "" {
-		t.Fatalf("the source got no lease on the bridge: leases %+v", b.dnsmasqLeases(t))
-	}
-	kids := forkOnBridge(t, e.env, b, src, parentIP)
-	e.ok(append([]string{"rm", "--force"}, kids...)...)
-}
-
 // forkOnBridge forks src, booted on b with address parentIP, into three
 // children and checks that each is on b with a tap, a MAC and a lease of its
 // own, none the parent's, that its NIC has that one IPv4 address, and that it

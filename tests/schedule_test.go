@@ -45,7 +45,6 @@ var expectedSeconds = map[string]int{
 	"TestSecretFilesDebian":              130,
 	"TestCrashMatrix":                    150,
 	"TestAnsibleDebianModules":           130,
-	"TestNetworkBridgeChildrenDebian":    130,
 	"TestLedgerForkRace":                 110,
 	"TestCrashMatrixLibvirt":             100,
 	"TestConformance/libvirt":            90,
