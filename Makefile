@@ -43,6 +43,7 @@ demo: deps build guest
 	@scripts/demo.sh
 
 vet:
+	@echo "== make $@ at $$(date +%T)"
 	$(GO) vet ./...
 	$(GO) vet -tags bench ./cmd/vmfork
 	$(GO) vet -tags failpoints ./...
@@ -52,17 +53,20 @@ vet:
 # as POSIX sh: guests run them with busybox ash (the test guest) or dash.
 # Each file's contract holds the checks it turns off, with the reason.
 shellcheck: deps
+	@echo "== make $@ at $$(date +%T)"
 	shellcheck --shell=sh customize/scripts/*.sh
 
 # Unit tests boot nothing and need no QEMU.
 UNIT_FLAGS ?=
 unit:
+	@echo "== make $@ at $$(date +%T)"
 	$(GO) test -race -count=1 $(UNIT_FLAGS) ./...
 	$(GO) test -race -count=1 -tags failpoints $(UNIT_FLAGS) . ./sharedmem
 
 # The Ansible collection's unit tests (python3 -m unittest), then ansible-test sanity
 # and units (Debian 12's ansible-core 2.14 with Debian's checkers); no VM, no network.
 ansible-unit: deps
+	@echo "== make $@ at $$(date +%T)"
 	@ansible/tests/unit/run.sh
 	@scripts/ansible-test.sh
 
@@ -76,6 +80,7 @@ FUZZ_SCALE ?= 1
 FUZZ_TARGETS = .:FuzzParseMemory:20000 .:FuzzParsePortForward:20000 .:FuzzParseNetwork:10000 \
 	.:FuzzValidateName:20000 .:FuzzMachineRecord:1500 ./overlay:FuzzCheckBase:300
 fuzz:
+	@echo "== make $@ at $$(date +%T)"
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; n=$${rest#*:}; \
 		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $$((n * $(FUZZ_SCALE)))x $$pkg || exit 1; \
@@ -83,6 +88,7 @@ fuzz:
 
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
+	@echo "== make $@ at $$(date +%T)"
 	@scripts/libvirtd.sh
 	VMFORK_BIN=$(BIN) VMFORK_BENCH_BIN=$(BENCH_BIN) VMFORK_FAILPOINTS_BIN=$(FAILPOINTS_BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -count=1 -parallel 64 -timeout 80m -v ./tests/...
 
