@@ -17,7 +17,7 @@ BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
 FAILPOINTS_BIN ?= $(CURDIR)/bin/vmfork-failpoints
 GO        ?= go
 
-.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-all crash-matrix vet clean ansible-unit
+.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-network bench-all crash-matrix vet clean ansible-unit
 
 all: build
 
@@ -127,6 +127,12 @@ bench-scale: deps build guest
 # and network (docs/BENCHMARKS.md, "The fork contract").
 bench-contract: deps build guest guest-debian
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -run '^$$' -bench BenchmarkContractReady -benchtime 6x -timeout 40m ./tests/
+
+# The identity chain per step on QEMU's user network, a bridge with dnsmasq
+# and an isolated libvirt network, both guests (docs/BENCHMARKS.md, "READY
+# on real networks").
+bench-network: deps build guest guest-debian
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -run '^$$' -bench BenchmarkNetworkChain -benchtime 3x -timeout 40m ./tests/
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 

@@ -395,7 +395,7 @@ var libvirtNets atomic.Int32
 // newLibvirtNet creates a transient isolated network and destroys it when
 // the test ends, pass or fail. Call it before newDriverEnv, so that the
 // test's domains go first.
-func newLibvirtNet(t *testing.T) *libvirtNet {
+func newLibvirtNet(t testing.TB) *libvirtNet {
 	t.Helper()
 	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
 	id := hex.EncodeToString(sum[:3])
