@@ -473,8 +473,10 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 	out := make([]childOutcome, len(children))
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
+	ident := req.Identity
+	ident.forkNonce = newUUID()
 	for i, c := range children {
-		cs := childStart{tpl: tpl, child: c, index: i + 1, mode: childBoot, identity: req.Identity}
+		cs := childStart{tpl: tpl, child: c, index: i + 1, mode: childBoot, identity: ident}
 		switch {
 		case i < len(members):
 			cs.mode, cs.member = childFromPool, members[i]

@@ -25,6 +25,10 @@ type IdentityOptions struct {
 	// Edit, if set, edits each child's chain after the spec has built it,
 	// for steps of the caller's own.
 	Edit func(customize.Chain) customize.Chain
+
+	// forkNonce is new for each fork (startChildren): the children's MACs
+	// follow from it (prepareIdentity).
+	forkNonce string
 }
 
 // Validate checks the options before anything is paused.
@@ -139,9 +143,19 @@ func (mg *Manager) prepareIdentity(c *Machine, tpl *Template, index int, opts Id
 		// chain can check it differs from the template's and report it.
 		c.VMGenID = newUUID()
 	}
-	// The MAC follows from the template, so siblings never share one.
+	// The MAC follows from the template and the child's index, so siblings
+	// never share one, and, for a fresh identity, from its fork's nonce:
+	// one child per fork of a kept template is index 1 every time, and
+	// such children had one MAC between them, which on a shared bridge is
+	// two machines on one MAC and, from a DHCP server that keys leases by
+	// MAC (dnsmasq for a client that sends none of its own id), one
+	// address. It also steps over the MAC of every machine in the store.
+	// A reproducible identity keeps the template's vmgenid, and its MACs.
 	seed := fmt.Sprintf("%s\x00%s\x00%s", tpl.ID, tpl.Created.Format(time.RFC3339Nano), tpl.VMGenID)
-	c.GuestMAC = customize.ChildMAC([]byte(seed), index, mg.inheritedMACs(c, tpl)...)
+	if opts.Spec.Mode() != customize.ModeReproducible && opts.forkNonce != "" {
+		seed += "\x00" + opts.forkNonce
+	}
+	c.GuestMAC = customize.ChildMAC([]byte(seed), index, append(mg.inheritedMACs(c, tpl), mg.machineMACs(c.Name)...)...)
 	if types := keyTypes(tpl); len(types) > 0 && index > tpl.keysStarted && wantsKeys(opts) {
 		mg.hostKeys.Prefetch(types, 1)
 	}
@@ -159,6 +173,28 @@ func (mg *Manager) inheritedMACs(c *Machine, tpl *Template) []string {
 	}
 	if src, err := mg.Store.LoadMachine(c.Parent); err == nil && src.GuestMAC != "" {
 		macs = append(macs, src.GuestMAC)
+	}
+	return macs
+}
+
+// machineMACs lists the MACs of the store's machines other than name:
+// a child's new MAC steps over them. A record that cannot be read is left
+// out (the MAC is 24 bits from a hash; a clash with it is unlikely).
+func (mg *Manager) machineMACs(name string) []string {
+	ms, err := mg.Store.ListMachines()
+	if err != nil {
+		return nil
+	}
+	var macs []string
+	for _, m := range ms {
+		if m.Name == name {
+			continue
+		}
+		for _, mac := range []string{m.GuestMAC, m.Spec.MAC} {
+			if mac != "" {
+				macs = append(macs, mac)
+			}
+		}
 	}
 	return macs
 }

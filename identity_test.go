@@ -60,7 +60,37 @@ func TestPrepareIdentity(t *testing.T) {
 	if !strings.HasPrefix(a.GuestMAC, "52:54:00:") || a.GuestMAC == b.GuestMAC || a.GuestMAC == tpl.Spec.MAC {
 		t.Errorf("guest MACs %q and %q: want distinct ones, not the template's", a.GuestMAC, b.GuestMAC)
 	}
-	repro := IdentityOptions{Spec: customize.Spec{Identity: customize.ModeReproducible}}
+	// Each fork's first child is index 1: children of one kept template
+	// forked one at a time get MACs of their own, and none that a machine
+	// in the store has.
+	f1, f2 := IdentityOptions{forkNonce: "fork-1"}, IdentityOptions{forkNonce: "fork-2"}
+	c1, c2, c3 := &Machine{Name: "c1", Parent: "web"}, &Machine{Name: "c2", Parent: "web"}, &Machine{Name: "c3", Parent: "web"}
+	for _, x := range []struct {
+		m *Machine
+		o IdentityOptions
+	}{{c1, f1}, {c2, f2}, {c3, f1}} {
+		if err := mg.prepareIdentity(x.m, tpl, 1, x.o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c1.GuestMAC == c2.GuestMAC || c1.GuestMAC != c3.GuestMAC {
+		t.Errorf("index 1 of forks 1, 2 and 1 again: MACs %s %s %s, want the two forks' to differ", c1.GuestMAC, c2.GuestMAC, c3.GuestMAC)
+	}
+	c1.Spec.MAC = tpl.Spec.MAC
+	if err := mg.Store.CreateMachine(c1); err != nil {
+		t.Fatal(err)
+	}
+	if err := mg.prepareIdentity(c3, tpl, 1, f1); err != nil || c3.GuestMAC == c1.GuestMAC {
+		t.Errorf("MAC %s (%v): want one that %s, in the store, does not have", c3.GuestMAC, err, c1.Name)
+	}
+	repro := IdentityOptions{Spec: customize.Spec{Identity: customize.ModeReproducible}, forkNonce: "fork-1"}
+	r1, r2 := &Machine{Name: "r1", Parent: "web"}, &Machine{Name: "r2", Parent: "web"}
+	mg.prepareIdentity(r1, tpl, 1, repro)
+	repro.forkNonce = "fork-2"
+	mg.prepareIdentity(r2, tpl, 1, repro)
+	if r1.GuestMAC != r2.GuestMAC {
+		t.Errorf("reproducible identity: MACs %s and %s for index 1 of two forks, want the same", r1.GuestMAC, r2.GuestMAC)
+	}
 	if err := mg.prepareIdentity(a, tpl, 1, repro); err != nil || a.VMGenID != tpl.VMGenID {
 		t.Errorf("reproducible vmgenid %q, %v; want the template's", a.VMGenID, err)
 	}
