@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -44,6 +45,9 @@ type Driver struct {
 	// egress enforces fork contracts (contract.go): the host's own
 	// network namespace.
 	egress egress.Host
+	// taps maps the name of a machine this process started on a bridge to
+	// its tap's (SetLink waits for the tap's port, brport.go).
+	taps sync.Map
 }
 
 // DefaultBootTimeout is long enough for a distribution guest to boot under

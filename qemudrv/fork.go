@@ -306,8 +306,14 @@ func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
 
 var _ vmfork.LinkSetter = (*Driver)(nil)
 
-// SetLink implements vmfork.LinkSetter.
+// SetLink implements vmfork.LinkSetter. A link goes up once the tap that
+// this process made for m forwards on its bridge (brport.go).
 func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error {
+	if tap, ok := d.taps.Load(m.Name); ok && up {
+		if w := waitPortForwarding(ctx, tap.(string)); w > 0 {
+			d.log.WithFields(logrus.Fields{"machine": m.Name, "tap": tap, "waited_ms": w.Milliseconds()}).Debug("the tap's bridge port forwards")
+		}
+	}
 	mon, err := qmp.Dial(ctx, m.Paths.QMP)
 	if err != nil {
 		return fmt.Errorf("set link: %w", err)

@@ -83,11 +83,13 @@ func (d *Driver) spawnMachine(ctx context.Context, bin string, m *vmfork.Machine
 		defer f.Close()
 		so.cgroup = f
 	}
+	d.taps.Delete(m.Name)
 	if n := m.Spec.Network.Effective(); n.Kind == vmfork.NetworkBridge {
 		tap, name, err := openTap(n.Name, m.Name)
 		if err != nil {
 			return nil, fmt.Errorf("machine %q: %w", m.Name, err)
 		}
+		d.taps.Store(m.Name, name)
 		// QEMU gets its own copy; once ours is closed, QEMU's is the last.
 		defer tap.Close()
 		so.extra = append(so.extra, tap)

@@ -19,7 +19,8 @@ import (
 // QEMU's user network (DHCP answered inside QEMU), a bridge with a dnsmasq of
 // its own in a network namespace (newBridgeNet: --no-ping, as vmfork's docs
 // tell users to run theirs), the same bridge with dnsmasq's default ping
-// check (the same sources; dnsmasq restarted for those forks), and an
+// check and with STP on as libvirt's default network has it (the same
+// sources; dnsmasq restarted or STP switched on for those forks), and an
 // isolated libvirt network, whose dnsmasq runs libvirt's own configuration
 // (which pings too), joined by the embedded driver through its bridge. The rounds go
 // round-robin over the six sources, so that the host's load falls on all of
@@ -42,7 +43,9 @@ func BenchmarkNetworkChain(b *testing.B) {
 		ready []float64
 		disc  []float64
 		how   string
-		ping  *bridgeNet // restart this bridge's dnsmasq with its ping check first
+		// mode is how the bridge's forks find the bridge: "" as made,
+		// "ping" with dnsmasq's ping check, "stp" with STP on (setMode).
+		mode string
 	}
 	br := newBridgeNet(b)
 	lv := newLibvirtNet(b)
@@ -60,7 +63,8 @@ func BenchmarkNetworkChain(b *testing.B) {
 		br.inNamespace(b, e)
 		e.boot("src", "--network", "bridge="+br.bridge)
 		add("busybox, bridge", e, "src")
-		add("busybox, bridge+ping", e, "src").ping = br
+		add("busybox, bridge+ping", e, "src").mode = "ping"
+		add("busybox, bridge+stp", e, "src").mode = "stp"
 		e = newEnv(b)
 		e.boot("src", "--network", "bridge="+lv.bridge)
 		add("busybox, libvirt", e, "src")
@@ -74,7 +78,8 @@ func BenchmarkNetworkChain(b *testing.B) {
 		br.inNamespace(b, db.env)
 		db.bootDebian("deb", v, "--network", "bridge="+br.bridge)
 		add("debian, bridge", db.env, "deb")
-		add("debian, bridge+ping", db.env, "deb").ping = br
+		add("debian, bridge+ping", db.env, "deb").mode = "ping"
+		add("debian, bridge+stp", db.env, "deb").mode = "stp"
 		dl := newDebianEnv(b)
 		dl.bootDebian("deb", v, "--network", "bridge="+lv.bridge)
 		add("debian, libvirt", dl.env, "deb")
@@ -83,20 +88,36 @@ func BenchmarkNetworkChain(b *testing.B) {
 			x.waitIPv4("deb", 2*time.Minute)
 		}
 	}
-	// The forks on the pinging dnsmasq come last in each round, with one
-	// restart there and one back.
+	// The forks on the bridge in another mode come last in each round,
+	// with one switch there and one back.
 	shown := slices.Clone(srcs)
-	sort.SliceStable(srcs, func(i, j int) bool { return srcs[i].ping == nil && srcs[j].ping != nil })
-	pinging := false
+	sort.SliceStable(srcs, func(i, j int) bool { return srcs[i].mode < srcs[j].mode })
+	mode := ""
+	setMode := func(m string) {
+		if m == mode {
+			return
+		}
+		switch mode {
+		case "ping":
+			br.stopDNSMasq()
+			br.startDNSMasq(b, false)
+		case "stp":
+			br.setSTP(b, false)
+		}
+		switch m {
+		case "ping":
+			br.stopDNSMasq()
+			br.startDNSMasq(b, true)
+		case "stp":
+			br.setSTP(b, true)
+		}
+		mode = m
+		// dnsmasq bound and listening before the next child asks.
+		time.Sleep(500 * time.Millisecond)
+	}
 	for i := 0; i < b.N; i++ {
 		for _, s := range srcs {
-			if (s.ping != nil) != pinging {
-				pinging = s.ping != nil
-				br.stopDNSMasq()
-				br.startDNSMasq(b, pinging)
-				// Bound and listening before the next child asks.
-				time.Sleep(500 * time.Millisecond)
-			}
+			setMode(s.mode)
 			name := fmt.Sprintf("c%d", i)
 			res, _ := s.e.forkID(0, s.name, name)
 			c := res.Children[0]
@@ -110,6 +131,7 @@ func BenchmarkNetworkChain(b *testing.B) {
 			s.e.ok("rm", "--force", name)
 		}
 	}
+	setMode("")
 	med := bench.Median
 	fmt.Printf("\nidentity chain per network, %d one-child forks per source (medians, ms)\n", b.N)
 	fmt.Printf("%-22s", "step")

@@ -111,6 +111,20 @@ func (b *bridgeNet) stopDNSMasq() {
 	}
 }
 
+// setSTP switches STP on b's bridge on, with the forward delay libvirt's
+// default network has (stp='on' delay='0', which the kernel makes its least
+// with STP on, 2 s), or off.
+func (b *bridgeNet) setSTP(t testing.TB, on bool) {
+	t.Helper()
+	args := []string{"-n", b.ns, "link", "set", b.bridge, "type", "bridge", "stp_state", "0"}
+	if on {
+		args = []string{"-n", b.ns, "link", "set", b.bridge, "type", "bridge", "forward_delay", "200", "stp_state", "1"}
+	}
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
 // inNamespace makes e run vmfork inside b's namespace, so that QEMU's taps
 // and the bridge share it.
 func (b *bridgeNet) inNamespace(t testing.TB, e *env) {
