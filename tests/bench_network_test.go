@@ -169,9 +169,10 @@ func BenchmarkNetworkChain(b *testing.B) {
 }
 
 // discovers counts the DHCP discovers in a DHCP client's log: dhclient -v
-// writes "DHCPDISCOVER on eth0 ...", udhcpc "sending discover".
+// writes "DHCPDISCOVER on eth0 ...", udhcpc "broadcasting discover" (older
+// ones "sending discover").
 func discovers(log string) int {
-	return strings.Count(log, "DHCPDISCOVER on") + strings.Count(log, "ending discover")
+	return strings.Count(log, "DHCPDISCOVER on") + strings.Count(log, "broadcasting discover") + strings.Count(log, "sending discover")
 }
 
 func minOf(v []float64) float64 {
