@@ -16,6 +16,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/internal/brport"
 	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/sharedmem"
 )
@@ -235,6 +236,13 @@ func (d *Driver) setLink(ctx context.Context, dom *libvirt.Domain, up bool) erro
 	ifc.Link = &libvirtxml.DomainInterfaceLink{State: "down"}
 	if up {
 		ifc.Link.State = "up"
+		// On a bridge that runs STP (libvirt's default network has it
+		// on) a new tap forwards only after 4 s: the guest's first DHCP
+		// packets would be lost (internal/brport). The tap is this
+		// host's only where the daemon is.
+		if isLocalSystem(d.uri) && ifc.Target != nil && ifc.Target.Dev != "" {
+			brport.WaitForwarding(ctx, ifc.Target.Dev)
+		}
 	}
 	x, err := ifc.Marshal()
 	if err != nil {

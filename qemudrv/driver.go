@@ -46,7 +46,7 @@ type Driver struct {
 	// network namespace.
 	egress egress.Host
 	// taps maps the name of a machine this process started on a bridge to
-	// its tap's (SetLink waits for the tap's port, brport.go).
+	// its tap's (SetLink waits for the tap's port, internal/brport).
 	taps sync.Map
 }
 

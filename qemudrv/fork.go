@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/internal/brport"
 	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
@@ -307,10 +308,10 @@ func (d *Driver) Resume(ctx context.Context, m *vmfork.Machine) error {
 var _ vmfork.LinkSetter = (*Driver)(nil)
 
 // SetLink implements vmfork.LinkSetter. A link goes up once the tap that
-// this process made for m forwards on its bridge (brport.go).
+// this process made for m forwards on its bridge (internal/brport).
 func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error {
 	if tap, ok := d.taps.Load(m.Name); ok && up {
-		if w := waitPortForwarding(ctx, tap.(string)); w > 0 {
+		if w := brport.WaitForwarding(ctx, tap.(string)); w > 0 {
 			d.log.WithFields(logrus.Fields{"machine": m.Name, "tap": tap, "waited_ms": w.Milliseconds()}).Debug("the tap's bridge port forwards")
 		}
 	}

@@ -1,4 +1,5 @@
-package qemudrv
+// Package brport waits for a new bridge port to forward.
+package brport
 
 import (
 	"context"
@@ -16,9 +17,9 @@ import (
 // bridge made with `ip link add ... type bridge stp_state 1` and the default
 // delay, 30 s. Whatever the guest sends meanwhile is dropped, its DHCP
 // client's first DISCOVER among them, and ISC dhclient sends the next one
-// 3-8 s later (udhcpc, as vmfork runs it, 2 s). So SetLink raises a child's
-// link only once the tap's port forwards, and the wait is part of the
-// identity chain's network step rather than a client's back-off.
+// 3-8 s later (udhcpc, as vmfork runs it, 2 s). So the drivers' SetLink
+// raise a child's link only once its tap's port forwards, and the wait is
+// part of the identity chain's network step rather than a client's back-off.
 
 // sysClassNet is where the kernel lists network interfaces (a test's
 // directory in tests).
@@ -30,12 +31,12 @@ const (
 	portLearning  = 2
 )
 
-// waitPortForwarding waits until bridge port tap is past listening and
+// WaitForwarding waits until bridge port tap is past listening and
 // learning, at most two of its bridge's forward delays and a second (a
 // port that STP blocks, or one made disabled, is not waited for: neither
 // ends by itself). It returns how long it waited. It never fails: a link
 // raised too early costs the guest a retransmission, not its network.
-func waitPortForwarding(ctx context.Context, tap string) time.Duration {
+func WaitForwarding(ctx context.Context, tap string) time.Duration {
 	state := func() int {
 		b, err := os.ReadFile(filepath.Join(sysClassNet, tap, "brport", "state"))
 		if err != nil {
