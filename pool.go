@@ -168,8 +168,8 @@ func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Templa
 	// The member's NIC is configured with a MAC of its own, which becomes
 	// its child's (claimMember): the guest wakes with the template's MAC,
 	// but after a reset it takes the configured one, and that must not be
-	// the template's or a sibling's.
-	m.GuestMAC = customize.ChildMAC([]byte(m.VMGenID), 1, mg.inheritedMACs(m, t)...)
+	// the template's, a sibling's or any machine's in the store.
+	m.GuestMAC = customize.ChildMAC([]byte(m.VMGenID), 1, append(mg.inheritedMACs(m, t), mg.machineMACs(m.Name)...)...)
 	// The record exists before the process does, naming its QMP socket, so
 	// a command killed right after the spawn leaves no QEMU unknown: the
 	// next fill finds it by that socket (stopAll) and removes it.
