@@ -318,11 +318,16 @@ func runParts(ctx context.Context, steps []Step, env *Env) (int, error) {
 				}
 			}
 			if p.LinkUp && env.Link != nil {
+				// Raising the link is the step's time too: a driver
+				// waits there for a new tap's bridge port to forward
+				// (internal/brport), seconds on a bridge with STP.
+				t1 := env.now()
 				if err := env.Link.SetLink(ctx, true); err != nil {
 					failed = fmt.Errorf("step %q: raise the link: %w", s.Name, err)
 					res.Steps[idx].Status, res.Steps[idx].Error = StatusFailed, failed.Error()
 					break
 				}
+				sl.elapsed += env.now().Sub(t1)
 			}
 			it := batchItem{step: s, part: p, last: k == len(parts)-1}
 			if p.Last {
