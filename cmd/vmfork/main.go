@@ -119,6 +119,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			reaperCommand,
 			brokerCommand,
 			ledgerServerCommand,
+			mcpCommand,
 		},
 		OnUsageError: onUsageError,
 		ExitErrHandler: func(*cli.Context, error) {
