@@ -23,6 +23,7 @@ all: build
 
 deps:
 	@scripts/deps.sh
+	@scripts/mcp-client-deps.sh
 
 build:
 	$(GO) build -o $(BIN) ./cmd/vmfork

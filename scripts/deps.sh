@@ -13,6 +13,8 @@ pkgs=(
   # itself speaks netlink, never runs nft)
   nftables
   ansible-core python3 zstd
+  # vmfork mcp's independent test client (tests/mcp-client) and the Python package (python/)
+  nodejs python3-pip python3-setuptools
   # ansible-test sanity and units with Debian's checkers (scripts/ansible-test.py)
   pylint pycodestyle yamllint shellcheck python3-voluptuous python3-mock
   python3-pytest python3-pytest-xdist python3-pytest-forked python3-pytest-mock

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/urfave/cli/v2"
@@ -95,6 +97,12 @@ error "limit NAME: ..." and changes nothing.
 				return err
 			}
 			if listen == "" {
+				// A client that dies closes our stdout: writing to it must
+				// be an error the session ends on (and its calls are
+				// cancelled and undone), not a SIGPIPE that kills the
+				// server mid-fork. Notify, unlike Ignore, is not inherited
+				// by the processes vmfork starts.
+				signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 				return srv.Run(v.ctx, &mcp.StdioTransport{})
 			}
 			l, err := mcpserver.Listen(listen)
