@@ -23,7 +23,7 @@ type ExecIn struct {
 	Machine  string   `json:"machine" jsonschema:"a running machine you made"`
 	Command  []string `json:"command" jsonschema:"program and arguments, e.g. [\"sh\",\"-c\",\"make test\"]; the program is looked up on the guest's PATH"`
 	Stdin    string   `json:"stdin,omitempty" jsonschema:"text sent to the command's standard input"`
-	Env      []string `json:"env,omitempty" jsonschema:"KEY=VALUE pairs added to the command's environment"`
+	Env      []string `json:"env,omitempty" jsonschema:"environment variables for the command, each as KEY=VALUE"`
 	TimeoutS float64  `json:"timeout_s,omitempty" jsonschema:"seconds to wait for the command (default 300)"`
 }
 
@@ -101,12 +101,11 @@ func tail(b []byte, n int) string {
 		return string(b)
 	}
 	b = b[len(b)-n:]
-	for i := 0; i < utf8.UTFMax && i < len(b); i++ {
-		if utf8.RuneStart(b[i]) {
-			return string(b[i:])
-		}
+	i := 0
+	for i < len(b) && i < utf8.UTFMax && !utf8.RuneStart(b[i]) {
+		i++
 	}
-	return string(b)
+	return string(b[i:])
 }
 
 // running returns machine name's record if it runs.
