@@ -17,7 +17,7 @@ BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
 FAILPOINTS_BIN ?= $(CURDIR)/bin/vmfork-failpoints
 GO        ?= go
 
-.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-network bench-all crash-matrix vet clean ansible-unit
+.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-network bench-all crash-matrix vet clean ansible-unit python-test
 
 all: build
 
@@ -87,6 +87,13 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $$((n * $(FUZZ_SCALE)))x $$pkg || exit 1; \
 	done
 
+# The Python package (python/): installed offline the way a user does
+# (pip install, no index: its build backend is the standard library), then
+# its pytest suite against real guests (one busybox source, forked).
+python-test: deps build guest
+	@rm -rf $(CURDIR)/bin/python && /usr/bin/python3 -m pip install -q --no-index --no-compile --target $(CURDIR)/bin/python ./python
+	cd python/tests && PYTHONPATH=$(CURDIR)/bin/python VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) /usr/bin/python3 -m pytest -q -p no:cacheprovider .
+
 # Integration tests boot the real test guest under real QEMU (TCG without KVM).
 integration: deps build guest guest-debian
 	@echo "== make $@ at $$(date +%T)"
@@ -137,7 +144,7 @@ bench-network: deps build guest guest-debian
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
-test: deps vet shellcheck unit fuzz ansible-unit integration
+test: deps vet shellcheck unit fuzz ansible-unit integration python-test
 
 # The crash matrices (docs/RELIABILITY.md: TestCrashMatrix, and
 # TestCrashMatrixLibvirt on libvirtd) with every case run CRASH_RUNS times
