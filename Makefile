@@ -17,7 +17,7 @@ BENCH_BIN ?= $(CURDIR)/bin/vmfork-bench
 FAILPOINTS_BIN ?= $(CURDIR)/bin/vmfork-failpoints
 GO        ?= go
 
-.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-network bench-all crash-matrix vet clean ansible-unit python-test
+.PHONY: fuzz all deps build guest guest-debian demo test shellcheck unit integration bench bench-peers bench-peers-used bench-burst bench-scale bench-contract bench-network bench-all crash-matrix vet clean ansible-unit python-test bench-mcp
 
 all: build
 
@@ -141,6 +141,11 @@ bench-contract: deps build guest guest-debian
 # on real networks").
 bench-network: deps build guest guest-debian
 	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) VMFORK_DEBIAN_GUEST=$$(tests/guest/debian/build.sh $(DEBIAN_GUEST) 2>/dev/null) $(GO) test -tags integration -run '^$$' -bench BenchmarkNetworkChain -benchtime 3x -timeout 40m ./tests/
+
+# vmfork mcp for agents: a tool call's overhead over the same CLI command,
+# and 20 rounds of fork → exec → rm through MCP (pause, host memory, server RSS).
+bench-mcp: deps build guest
+	VMFORK_BIN=$(BIN) VMFORK_GUEST=$(GUEST_OUT) $(GO) test -tags integration -run '^$$' -bench BenchmarkMCP -benchtime 1x -timeout 30m -v ./tests/
 
 bench-all: bench-peers bench-peers-used bench-burst bench-scale
 
