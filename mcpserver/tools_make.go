@@ -134,12 +134,39 @@ func (s *Server) childNames(names []string, n int) ([]string, error) {
 	var out []string
 	for len(out) < n {
 		name := fmt.Sprintf("%s-%d", s.lim.Agent, s.seq.Add(1))
-		if _, err := s.mg.Store.LoadMachine(name); err == nil {
+		_, merr := s.mg.Store.LoadMachine(name)
+		_, terr := s.mg.Store.FindKept(name)
+		if merr == nil || terr == nil {
 			continue
 		}
 		out = append(out, name)
 	}
 	return out, nil
+}
+
+// branchNames picks a prefix for an explore's n branches whose names
+// PREFIX-1..n are all free, so that the Manager names them exactly so and
+// they can be noted as the agent's before it forks (branchNames in the
+// root package skips taken numbers; a restarted server counts from 1
+// again).
+func (s *Server) branchNames(n int) (string, []string) {
+	for {
+		prefix := fmt.Sprintf("%s-x%d", s.lim.Agent, s.seq.Add(1))
+		names := make([]string, 0, n+1)
+		for i := range n {
+			name := fmt.Sprintf("%s-%d", prefix, i+1)
+			_, merr := s.mg.Store.LoadMachine(name)
+			_, terr := s.mg.Store.FindKept(name)
+			if merr == nil || terr == nil {
+				names = nil
+				break
+			}
+			names = append(names, name)
+		}
+		if names != nil {
+			return prefix, names
+		}
+	}
 }
 
 func (s *Server) checkCount(n int) error {
@@ -227,11 +254,7 @@ func (s *Server) explore(ctx context.Context, req *mcp.CallToolRequest, in Explo
 	if err != nil {
 		return nil, err
 	}
-	prefix := fmt.Sprintf("%s-x%d", s.lim.Agent, s.seq.Add(1))
-	names := make([]string, 0, len(in.Tries)+1)
-	for i := range in.Tries {
-		names = append(names, fmt.Sprintf("%s-%d", prefix, i+1))
-	}
+	prefix, names := s.branchNames(len(in.Tries))
 	made := len(in.Tries)
 	if in.KeepAs != "" {
 		if err := vmfork.ValidateName(in.KeepAs); err != nil {
