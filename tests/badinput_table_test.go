@@ -113,6 +113,11 @@ func TestBadInputTable(t *testing.T) {
 		{"qemu binary not executable", boot("q", "--qemu", textDisk), 2, "is not an executable file"},
 		{"qemu binary a directory", boot("q", "--qemu", dir), 2, "is a directory"},
 		{"qemu binary not on PATH", boot("q", "--qemu", "qemu-system-vmfork-none"), 2, "does not exist"},
+		{"mcp without a source", []string{"mcp"}, 2, "--source: name at least one"},
+		{"mcp max-children zero", []string{"mcp", "--source", "web", "--max-children", "0"}, 2, "--max-children 0: want 1 to 128"},
+		{"mcp ttl above ttl-max", []string{"mcp", "--source", "web", "--ttl", "3h", "--ttl-max", "1h"}, 2, "at most --ttl-max"},
+		{"mcp http without a token", []string{"mcp", "--source", "web", "--listen", "127.0.0.1:0"}, 2, "needs a bearer token"},
+		{"mcp contract missing", []string{"mcp", "--source", "web", "--contract", filepath.Join(dir, "nope.yaml")}, 2, "--contract"},
 	}
 	runBadCases(t, e, cases, func(t *testing.T) { assertNothingCreated(t, e) })
 
