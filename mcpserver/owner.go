@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vmfork/vmfork"
@@ -52,26 +53,62 @@ type owned struct {
 
 func openOwned(store *vmfork.Store, agent string) (*owned, error) {
 	o := &owned{path: filepath.Join(store.StateDir, "mcp", agent+".json"), store: store, entries: map[string]ownedEntry{}, inflight: map[string]bool{}}
+	if err := os.MkdirAll(filepath.Dir(o.path), 0o700); err != nil {
+		return nil, fmt.Errorf("agent %q: ownership file: %w", agent, err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.update(o.settle); err != nil {
+		return nil, fmt.Errorf("agent %q: %w", agent, err)
+	}
+	return o, nil
+}
+
+// load replaces the entries with the file's, keeping this server's
+// pending ones. Callers hold mu.
+func (o *owned) load() error {
+	fresh := map[string]ownedEntry{}
 	data, err := os.ReadFile(o.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
-		return nil, fmt.Errorf("agent %q: ownership file: %w", agent, err)
+		return fmt.Errorf("ownership file: %w", err)
 	default:
-		if err := json.Unmarshal(data, &o.entries); err != nil {
-			return nil, fmt.Errorf("agent %q: ownership file %s: %w", agent, o.path, err)
+		if err := json.Unmarshal(data, &fresh); err != nil {
+			return fmt.Errorf("ownership file %s: %w", o.path, err)
 		}
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.settle()
-	return o, o.save()
+	for name := range o.inflight {
+		if e, ok := o.entries[name]; ok {
+			fresh[name] = e
+		}
+	}
+	o.entries = fresh
+	return nil
+}
+
+// update runs fn on the entries as the file holds them now and writes them
+// back, under an flock of <file>.lock: two servers of one agent (a
+// restarted one while the old one ends) do not drop each other's entries.
+// Callers hold mu.
+func (o *owned) update(fn func()) error {
+	f, err := os.OpenFile(o.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("ownership file lock: %w", err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("ownership file lock: %w", err)
+	}
+	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	if err := o.load(); err != nil {
+		return err
+	}
+	fn()
+	return o.save()
 }
 
 func (o *owned) save() error {
-	if err := os.MkdirAll(filepath.Dir(o.path), 0o700); err != nil {
-		return err
-	}
 	data, err := json.MarshalIndent(o.entries, "", "  ")
 	if err != nil {
 		return err
@@ -122,6 +159,9 @@ func (o *owned) settle() {
 func (o *owned) owns(kind, name string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if err := o.load(); err != nil {
+		return false
+	}
 	e, ok := o.entries[name]
 	if !ok || e.Kind != kind {
 		return false
@@ -140,7 +180,7 @@ func (o *owned) owns(kind, name string) bool {
 func (o *owned) machines() []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.settle()
+	o.update(o.settle)
 	var out []string
 	for name, e := range o.entries {
 		if e.Kind == "machine" {
@@ -154,6 +194,7 @@ func (o *owned) machines() []string {
 func (o *owned) checkpoints() map[string]string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.load()
 	out := map[string]string{}
 	for name, e := range o.entries {
 		if e.Kind == "checkpoint" {
@@ -168,25 +209,32 @@ func (o *owned) checkpoints() map[string]string {
 func (o *owned) reserve(n, max int, names []string, kind, machine string) (release func(), err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.settle()
-	held := 0
-	for _, e := range o.entries {
-		if e.Kind == "machine" {
-			held++
+	var refused error
+	err = o.update(func() {
+		o.settle()
+		held := 0
+		for _, e := range o.entries {
+			if e.Kind == "machine" {
+				held++
+			}
 		}
-	}
-	if kind == "machine" && held+o.reserved+n > max {
-		return nil, limitErr("max-machines", "the agent holds %d machines (%d more being made) and asks for %d more; the operator allows %d", held, o.reserved, n, max)
-	}
-	since := time.Now()
-	for _, name := range names {
-		if _, taken := o.entries[name]; taken {
-			continue
+		if kind == "machine" && held+o.reserved+n > max {
+			refused = limitErr("max-machines", "the agent holds %d machines (%d more being made) and asks for %d more; the operator allows %d", held, o.reserved, n, max)
+			return
 		}
-		o.entries[name] = ownedEntry{Kind: kind, Since: since, Machine: machine}
-		o.inflight[name] = true
+		since := time.Now()
+		for _, name := range names {
+			if _, taken := o.entries[name]; taken {
+				continue
+			}
+			o.entries[name] = ownedEntry{Kind: kind, Since: since, Machine: machine}
+			o.inflight[name] = true
+		}
+	})
+	if refused != nil {
+		return nil, refused
 	}
-	if err := o.save(); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("agent ownership file: %w", err)
 	}
 	if kind == "machine" {
@@ -198,11 +246,14 @@ func (o *owned) reserve(n, max int, names []string, kind, machine string) (relea
 		if kind == "machine" {
 			o.reserved -= n
 		}
-		for _, name := range names {
-			delete(o.inflight, name)
-		}
-		o.settle()
-		o.save()
+		// The entries first, as pending ones of a call in flight; then
+		// they are no longer, and settle fills in or drops each.
+		o.update(func() {
+			for _, name := range names {
+				delete(o.inflight, name)
+			}
+			o.settle()
+		})
 	}, nil
 }
 
@@ -210,6 +261,5 @@ func (o *owned) reserve(n, max int, names []string, kind, machine string) (relea
 func (o *owned) forget(name string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.entries, name)
-	o.save()
+	o.update(func() { delete(o.entries, name) })
 }
