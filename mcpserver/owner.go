@@ -176,20 +176,6 @@ func (o *owned) owns(kind, name string) bool {
 	return c.Equal(e.Created)
 }
 
-// machines returns the names of the machines the agent holds now.
-func (o *owned) machines() []string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.update(o.settle)
-	var out []string
-	for name, e := range o.entries {
-		if e.Kind == "machine" {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
 // checkpoints returns the agent's checkpoints and the machine of each.
 func (o *owned) checkpoints() map[string]string {
 	o.mu.Lock()
