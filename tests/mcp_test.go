@@ -260,7 +260,8 @@ func mcpKilledClient(t *testing.T, e *env, limits []string) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
-	case <-done:
+	case err := <-done:
+		t.Logf("the server exited (%v) after its client's death; machines: %v", err, e.machineNames())
 	case <-time.After(2 * time.Minute):
 		cmd.Process.Kill()
 		t.Fatal("vmfork mcp did not exit within 2 minutes of its client's death")

@@ -103,7 +103,13 @@ error "limit NAME: ..." and changes nothing.
 				// server mid-fork. Notify, unlike Ignore, is not inherited
 				// by the processes vmfork starts.
 				signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-				return srv.Run(v.ctx, &mcp.StdioTransport{})
+				err := srv.Run(v.ctx, &mcp.StdioTransport{})
+				if errors.Is(err, syscall.EPIPE) {
+					// The client went away while we wrote: its end, not ours.
+					v.mg.Log.Info("mcp: the client closed the connection")
+					return nil
+				}
+				return err
 			}
 			l, err := mcpserver.Listen(listen)
 			if err != nil {

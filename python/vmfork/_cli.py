@@ -75,7 +75,9 @@ class CLI:
     def run(self, args: Sequence[str], stdin: Optional[bytes] = None, allow: Sequence[int] = ()) -> Any:
         """Runs vmfork ARGS --json and returns its decoded stdout. A
         non-zero exit not in ``allow`` raises VmforkError."""
-        argv = list(args) + ["--json"]
+        argv = list(args)
+        # Flags go before "--": after it everything is the guest command's.
+        argv.insert(argv.index("--") if "--" in argv else len(argv), "--json")
         p = self.raw(argv, stdin)
         stderr = p.stderr.decode(errors="replace")
         if p.returncode != 0 and p.returncode not in allow:
