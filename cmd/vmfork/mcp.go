@@ -135,4 +135,3 @@ func mcpToken(cliCtx *cli.Context) (string, error) {
 	}
 	return os.Getenv(mcpTokenEnv), nil
 }
-
