@@ -118,6 +118,7 @@ func TestServerLimits(t *testing.T) {
 	refusedBy(t, cs, "max-children", "fork", map[string]any{"source": "web", "count": 3})
 	refusedBy(t, cs, "max-machines", "fork", map[string]any{"source": "web"})
 	refusedBy(t, cs, "ttl-max", "fork", map[string]any{"source": "web", "ttl_s": 7200})
+	refusedBy(t, cs, "source", "fork", map[string]any{"source": "bot-1", "names": []string{"web"}})
 	refusedBy(t, cs, "owner", "exec", map[string]any{"machine": "theirs", "command": []string{"true"}})
 	refusedBy(t, cs, "owner", "exec", map[string]any{"machine": "web", "command": []string{"true"}})
 	refusedBy(t, cs, "owner", "read_file", map[string]any{"machine": "theirs", "path": "/etc/hostname"})

@@ -128,6 +128,9 @@ func (s *Server) childNames(names []string, n int) ([]string, error) {
 			if err := vmfork.ValidateName(name); err != nil {
 				return nil, fmt.Errorf("names: %w", err)
 			}
+			if s.lim.isSource(name) {
+				return nil, limitErr("source", "%q names one of the operator's sources", name)
+			}
 		}
 		return names, nil
 	}
@@ -259,6 +262,9 @@ func (s *Server) explore(ctx context.Context, req *mcp.CallToolRequest, in Explo
 	if in.KeepAs != "" {
 		if err := vmfork.ValidateName(in.KeepAs); err != nil {
 			return nil, fmt.Errorf("keep_as: %w", err)
+		}
+		if s.lim.isSource(in.KeepAs) {
+			return nil, limitErr("source", "keep_as %q names one of the operator's sources", in.KeepAs)
 		}
 		names = append(names, in.KeepAs)
 		made++ // the winner's branch and its fork live together a moment
