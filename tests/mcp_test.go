@@ -24,7 +24,7 @@ import (
 // changed; a client killed mid-fork leaves no half-made machine; a
 // machine the agent made goes at its TTL with the server stopped.
 func TestMCP(t *testing.T) {
-	t.Parallel()
+	parallel(t)
 	e := newEnv(t)
 	e.stopReapersOnCleanup()
 	e.boot("src")
