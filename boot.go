@@ -33,6 +33,9 @@ func (mg *Manager) planBoot(ctx context.Context, req BootRequest, l *lockSet) (*
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
+	if err := mg.checkDiskSupport(spec, nil); err != nil {
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
 	if err := l.take(ctx, name); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
@@ -69,6 +72,13 @@ func (p *bootPlan) render() *Plan {
 	r := p.req
 	out := &Plan{Command: "boot", Changed: true, Machines: []string{r.Name}, Contract: r.Contract}
 	out.add("create machine %q (%d MiB, %d CPUs) with driver %q and start it", r.Name, r.Spec.MemoryMiB, r.Spec.CPUs, p.driver)
+	for _, d := range r.Spec.Disks {
+		if d.Policy() == DiskShared {
+			out.add("attach disk %q: %s, read-only, shared as it is with every child", d.ID, d.File)
+		} else {
+			out.add("attach disk %q: an overlay on %s (never written); its forks: %s", d.ID, d.File, d.Policy())
+		}
+	}
 	if r.Contract.Enforced() {
 		out.add("%s", describeContract(r.Contract))
 	}

@@ -171,6 +171,12 @@ func (mg *Manager) planRewind(ctx context.Context, req RewindRequest, l *lockSet
 	if err != nil {
 		return nil, fmt.Errorf("rewind: %w", err)
 	}
+	if err := refuseExtraDisks("rewind", m); err != nil {
+		return nil, err
+	}
+	if len(t.Disks) > 0 {
+		return nil, fmt.Errorf("rewind %q: template %q has more than one disk, which rewind does not support yet: %w", m.Name, req.To, ErrUnsupported)
+	}
 	if err := mg.checkRewind(ctx, m, t, req.Force); err != nil {
 		return nil, fmt.Errorf("rewind %q to %q: %w", m.Name, req.To, err)
 	}

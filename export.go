@@ -148,6 +148,9 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	fail := func(err error) (*ExportResult, error) {
 		return nil, fmt.Errorf("export %q: %w", req.Name, err)
 	}
+	if len(t.Disks) > 0 {
+		return fail(fmt.Errorf("templates of machines with more than one disk cannot be exported yet: %w", ErrUnsupported))
+	}
 	hdr := archiveHeader{Format: archiveFormat, Exported: time.Now().UTC(), Template: *t}
 	if hdr.Host, err = hostFacts(t); err != nil {
 		return fail(err)

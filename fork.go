@@ -54,6 +54,10 @@ type ForkRequest struct {
 	// Contract is the children's contract (contracts.go); nil: they inherit
 	// their source's, or their kept template's.
 	Contract *contract.Contract
+	// DiskPolicies override the source's disk policies for this fork
+	// (fork --disk-policy ID=POLICY, disks.go); its children keep the
+	// source's for their own forks, but a disk shared stays shared.
+	DiskPolicies map[string]DiskPolicy
 }
 
 // ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
@@ -126,7 +130,7 @@ func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult,
 			}
 		}()
 	}
-	f, err := mg.prepareFork(src, p.names(), p.contract)
+	f, err := mg.prepareFork(src, p.names(), p.contract, p.req.DiskPolicies)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
@@ -177,9 +181,15 @@ type forkInProgress struct {
 // prepareFork creates the template's directory, the journal entry and the
 // children's records, in that order, and saves the template's record last:
 // from then on the reserved children protect it from collectTemplates.
-func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contract) (*forkInProgress, error) {
+func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contract, policies map[string]DiskPolicy) (*forkInProgress, error) {
 	tpl, err := mg.Store.NewTemplate(src.Name)
 	if err != nil {
+		return nil, err
+	}
+	// Recorded with the template before the freeze: the journal's repair
+	// finds the extra disks the freeze switched from it.
+	if err := planTemplateDisks(src, tpl, policies); err != nil {
+		mg.Store.RemoveTemplate(tpl.ID)
 		return nil, err
 	}
 	tpl.Driver, tpl.Accel, tpl.Spec = src.Driver, src.Accel, src.Spec
@@ -383,6 +393,9 @@ func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Templat
 		}
 		return fmt.Errorf("freeze disk: %w", err)
 	}
+	if err := freezeStoppedDisks(ctx, src, tpl); err != nil {
+		return err
+	}
 	return mg.frozen(ctx, src, tpl, FreezeResult{})
 }
 
@@ -525,6 +538,9 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 	}()
 	if tpl.Paths.Disk != "" && cs.mode != childFromPool {
 		if err := overlay.Create(ctx, tpl.Paths.Disk, c.Paths.Disk); err != nil {
+			return childOutcome{err: err}
+		}
+		if err := childDisks(ctx, tpl, c); err != nil {
 			return childOutcome{err: err}
 		}
 	}

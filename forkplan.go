@@ -114,6 +114,9 @@ func (mg *Manager) planFork(ctx context.Context, req ForkRequest, l *lockSet) (*
 	if err := mg.checkForkSource(ctx, m); err != nil {
 		return nil, err
 	}
+	if err := mg.checkForkDisks(m, req.DiskPolicies); err != nil {
+		return nil, err
+	}
 	p.source = m
 	p.mode = forkStopped
 	if m.State == StateRunning {
@@ -171,6 +174,10 @@ func (mg *Manager) planKept(ctx context.Context, p *forkPlan, t *Template) error
 	// QEMU, is refused here, before any child is reserved (compat.go).
 	if err := mg.CheckTemplate(ctx, t); err != nil {
 		return fmt.Errorf("fork %q: %w", p.req.Source, err)
+	}
+	if len(p.req.DiskPolicies) > 0 {
+		// Its disks were frozen, or not, when it was saved.
+		return fmt.Errorf("fork %q: --disk-policy applies to a fork of a machine; template %s's disk policies were set when it was saved: %w", p.req.Source, t.ID, ErrInvalid)
 	}
 	p.mode, p.tpl = forkKept, t
 	p.source = &Machine{Name: t.Source, Driver: t.Driver, Accel: t.Accel, Spec: t.Spec}
@@ -251,6 +258,7 @@ func (p *forkPlan) render() *Plan {
 		p.renderAdopt(out)
 		out.add("freeze stopped machine %q's disk into a new template; its %d children boot fresh from it", p.source.Name, n)
 	}
+	p.renderDisks(out)
 	if p.req.TTL > 0 {
 		out.add("give every child a TTL of %v: the reaper removes it then", p.req.TTL)
 	}

@@ -75,6 +75,14 @@ func (mg *Manager) templateUseOf(ctx context.Context, ms []*Machine) (u template
 		for _, l := range chain {
 			u.layers[filepath.Clean(l.Path)] = true
 		}
+		extra, err := extraDiskChains(m)
+		if err != nil {
+			mg.Log.WithField("machine", m.Name).WithError(err).Debug("disk chain unreadable; keeping templates")
+			return u, false
+		}
+		for _, l := range extra {
+			u.layers[filepath.Clean(l.Path)] = true
+		}
 	}
 	return u, true
 }
@@ -91,6 +99,13 @@ func neededDisks(ts []*Template, u templateUse) (needed map[string]bool, ok bool
 		chain, err := overlay.Chain(t.Paths.Disk)
 		if err != nil {
 			return nil, false
+		}
+		for _, f := range t.ownedDiskFiles() {
+			more, err := overlay.Chain(f)
+			if err != nil {
+				return nil, false
+			}
+			chain = append(chain, more...)
 		}
 		for _, l := range chain {
 			needed[filepath.Clean(l.Path)] = true
@@ -121,7 +136,9 @@ func (mg *Manager) collectTemplate(ctx context.Context, t *Template, u templateU
 		return
 	}
 	log := mg.Log.WithField("template", t.ID)
-	if ownDisk && needed[filepath.Clean(t.Paths.Disk)] {
+	if ownDisk && (needed[filepath.Clean(t.Paths.Disk)] || anyIn(t.ownedDiskFiles(), needed) || anyIn(t.ownedDiskFiles(), u.layers)) {
+		// (An extra disk's frozen image is never taken out of a chain:
+		// its template stays while a chain reads it.)
 		// Later templates' disks build on this one, but no child maps
 		// its RAM: free that now, the disk goes with them.
 		if t.HasMemory {

@@ -120,6 +120,9 @@ func (mg *Manager) planHibernate(ctx context.Context, name string, l *lockSet) (
 	case m.State != StateRunning:
 		return nil, fmt.Errorf("hibernate %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
 	}
+	if err := refuseExtraDisks("hibernate", m); err != nil {
+		return nil, err
+	}
 	if err := mg.checkHibernateSpace(m); err != nil {
 		return nil, fmt.Errorf("hibernate %q: %w", name, err)
 	}

@@ -239,6 +239,7 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,
 			Mode: spec.Mode(), MAC: c.GuestMAC, OldMACs: mg.inheritedMACs(c, tpl),
 			VMGenID: c.VMGenID, TemplateVMGenID: tpl.VMGenID,
+			DiskEnv: FreshDiskMarkers(tpl),
 		},
 	}
 	var ls LinkSetter

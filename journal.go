@@ -244,7 +244,7 @@ func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
 		}
 		mg.Log.WithFields(logrus.Fields{"machine": src.Name, "disk": top}).Warn("recorded the disk an interrupted fork had switched the machine to")
 	}
-	return nil
+	return mg.repairSourceExtraDisks(src, tpl)
 }
 
 // repairMachine removes machine name if entry e's command made it and did

@@ -109,6 +109,11 @@ func (mg *Manager) planKeep(ctx context.Context, verb string, req KeepRequest, l
 	if err != nil {
 		return nil, err
 	}
+	if req.Pool > 0 {
+		if err := refuseExtraDisks(verb+" --pool", src); err != nil {
+			return nil, err
+		}
+	}
 	if err := mg.checkContract(ctx, verb, src.Name, src, req.Contract); err != nil {
 		return nil, err
 	}
@@ -160,7 +165,7 @@ func (p *keepPlan) render() *Plan {
 // applyKeep carries out plan p; the caller holds its locks.
 func (mg *Manager) applyKeep(ctx context.Context, p *keepPlan) (t *Template, err error) {
 	src, req := p.src, p.req
-	f, err := mg.prepareFork(src, nil, nil)
+	f, err := mg.prepareFork(src, nil, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
 	}
@@ -258,6 +263,9 @@ func (mg *Manager) planPool(ctx context.Context, name string, size int, l *lockS
 	if size > 0 {
 		if _, ok := mg.Driver.(Pooler); !ok {
 			return nil, fmt.Errorf("template %q: driver %q has no warm pool: %w", name, mg.Driver.Name(), ErrUnsupported)
+		}
+		if len(p.t.Disks) > 0 {
+			return nil, fmt.Errorf("template %q: warm pools of machines with more than one disk are not supported yet: %w", name, ErrUnsupported)
 		}
 		if !p.t.HasMemory {
 			return nil, fmt.Errorf("template %q holds only a disk and its children boot fresh: no warm pool (use 0): %w", name, ErrInvalid)

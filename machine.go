@@ -99,7 +99,13 @@ type Spec struct {
 	Append string `json:"append,omitempty"`
 	// Disk is the base image. It is never written: the machine writes to a
 	// qcow2 overlay on it in its own directory.
-	Disk      string        `json:"disk,omitempty"`
+	Disk string `json:"disk,omitempty"`
+	// DiskID is the boot disk's id (--disk id=ID,file=...), "" for
+	// BootDiskID; Disks are the extra disks after it, each with its fork
+	// policy (disks.go). A record without them has the one disk it always
+	// had.
+	DiskID    string        `json:"disk_id,omitempty"`
+	Disks     []DiskSpec    `json:"disks,omitempty"`
 	MemoryMiB int           `json:"memory_mib"`
 	CPUs      int           `json:"cpus"`
 	Ports     []PortForward `json:"ports,omitempty"`
@@ -201,6 +207,9 @@ func (s *Spec) Validate() error {
 	if err := s.validateDevices(); err != nil {
 		return err
 	}
+	if err := s.validateDisks(); err != nil {
+		return err
+	}
 	if n := s.Network.Effective(); n.Kind == NetworkBridge {
 		if err := CheckBridge(n.Name); err != nil {
 			return err
@@ -218,12 +227,15 @@ func (s *Spec) Validate() error {
 
 // Paths are a machine's files. The store chooses them; drivers use them.
 type Paths struct {
-	Dir    string `json:"dir"`
-	Disk   string `json:"disk"`
-	QMP    string `json:"qmp_socket"`
-	QGA    string `json:"qga_socket"`
-	Serial string `json:"serial_log"`
-	Log    string `json:"qemu_log"`
+	Dir  string `json:"dir"`
+	Disk string `json:"disk"`
+	// Disks are the images of the extra disks (Spec.Disks) by id, set
+	// when the machine first starts or is made by a fork.
+	Disks  map[string]DiskFile `json:"disks,omitempty"`
+	QMP    string              `json:"qmp_socket"`
+	QGA    string              `json:"qga_socket"`
+	Serial string              `json:"serial_log"`
+	Log    string              `json:"qemu_log"`
 	// Ledger is the unix socket QEMU listens on for the family ledger's
 	// port (Spec.LedgerPort); the ledger server connects to it.
 	Ledger string `json:"ledger_socket,omitempty"`

@@ -31,6 +31,10 @@ type Template struct {
 	// their device configuration matches the saved device state.
 	Spec  Spec          `json:"spec"`
 	Paths TemplatePaths `json:"paths"`
+	// Disks say what the template holds of each of its source's extra
+	// disks and what its children get of them, by the fork's policies
+	// (disks.go).
+	Disks []TemplateDisk `json:"disks,omitempty"`
 	// Contract is the contract its children get unless their fork names
 	// another: the source's at the freeze, or the one template save or
 	// checkpoint was given (contracts.go).

@@ -53,6 +53,10 @@ type Child struct {
 	// both empty for a child that booted fresh.
 	VMGenID         string
 	TemplateVMGenID string
+	// DiskEnv are VMFORK_DISK_<ID>=fresh lines for the disks the child
+	// got empty (fork policies fresh and keep): its post-fork hooks make
+	// a file system on them.
+	DiskEnv []string
 }
 
 // Env is what a step works with.

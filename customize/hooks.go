@@ -62,7 +62,7 @@ func PreForkHooksStep(dir string) Step {
 // hookEnv is the environment of post-fork hooks and extra scripts.
 func hookEnv(env *Env) []string {
 	c := env.Child
-	return []string{
+	return append([]string{
 		guestPath,
 		"VMFORK_EVENT=post-fork",
 		"VMFORK_NAME=" + c.Name,
@@ -72,7 +72,7 @@ func hookEnv(env *Env) []string {
 		"VMFORK_IDENTITY=" + string(c.Mode),
 		"VMFORK_HOSTNAME=" + orPlanned(env.Result.Hostname, env.hostname),
 		"VMFORK_MAC=" + orPlanned(env.Result.MAC, env.mac),
-	}
+	}, c.DiskEnv...)
 }
 
 func runHooks(ctx context.Context, env *Env, dir string, hookEnv []string) error {

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -233,4 +235,13 @@ func InUse(path string) (bool, error) {
 		return false, fmt.Errorf("check image locks on %s: %w", path, err)
 	}
 	return lk.Type != unix.F_UNLCK, nil
+}
+
+// CreateEmpty makes an empty qcow2 image of size bytes at path, with no
+// backing file: a fork child's fresh disk. path must not exist.
+func CreateEmpty(ctx context.Context, size int64, path string) error {
+	if _, err := os.Lstat(path); err == nil {
+		return fmt.Errorf("create image %s: %w", path, fs.ErrExist)
+	}
+	return run(ctx, qemuImg(), "create", "-q", "-f", "qcow2", path, strconv.FormatInt(size, 10))
 }

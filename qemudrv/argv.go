@@ -27,6 +27,11 @@ const (
 	ledgerPort = profile.LedgerChannel
 )
 
+// Names of extra disk id's nodes and device (vmfork.DiskSpec).
+func extraFileNode(id string) string { return "xfile-" + id }
+func extraNode(id string) string     { return "xfmt-" + id }
+func extraDevice(id string) string   { return "vd-" + id }
+
 // Accelerators.
 const (
 	AccelKVM = profile.AccelKVM
@@ -79,6 +84,22 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		add("-blockdev", "driver=file,filename="+optPath(m.Paths.Disk)+",node-name=file0")
 		add("-blockdev", "driver=qcow2,file=file0,node-name="+diskNodeID)
 		add("-device", "virtio-blk-pci,drive="+diskNodeID+",id=disk0")
+	}
+	// Extra disks follow the boot disk in the spec's order, so their PCI
+	// slots are the same in every machine of a template whatever each
+	// child gets behind them (disks.go). Read-only is a backend choice.
+	for _, d := range s.Disks {
+		f := m.Paths.Disks[d.ID]
+		ro, format := "", "qcow2"
+		if f.ReadOnly {
+			ro = ",read-only=on"
+		}
+		if f.Format != "" {
+			format = f.Format
+		}
+		add("-blockdev", "driver=file,filename="+optPath(f.File)+",node-name="+extraFileNode(d.ID)+ro)
+		add("-blockdev", "driver="+format+",file="+extraFileNode(d.ID)+",node-name="+extraNode(d.ID)+ro)
+		add("-device", "virtio-blk-pci,drive="+extraNode(d.ID)+",id="+extraDevice(d.ID))
 	}
 	nic := "virtio-net-pci,netdev=" + netdevID
 	if nd := netdevArg(s); nd != "" {

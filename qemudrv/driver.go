@@ -90,6 +90,9 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) error {
 			}
 		}
 	}
+	if err := vmfork.PrepareDisks(ctx, m); err != nil {
+		return err
+	}
 	if m.Paths.RAMShared {
 		// A machine's own RAM file starts empty; QEMU sizes it. A file left
 		// by an earlier run would hand the guest stale memory.
@@ -331,4 +334,13 @@ func (d *Driver) removeRuntimeFiles(m *vmfork.Machine) {
 	if m.Paths.Disk != "" {
 		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
 	}
+	vmfork.RemoveOldDiskTops(m)
+}
+
+var _ vmfork.MultiDisker = (*Driver)(nil)
+
+// DiskPolicies implements vmfork.MultiDisker: the embedded driver honours
+// every policy.
+func (d *Driver) DiskPolicies() []vmfork.DiskPolicy {
+	return []vmfork.DiskPolicy{vmfork.DiskCow, vmfork.DiskShared, vmfork.DiskFresh, vmfork.DiskKeep}
 }

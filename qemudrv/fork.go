@@ -36,7 +36,14 @@ type freezePrep struct {
 	topNode string // the source's current top disk node
 	next    string // the source's next top overlay, made ahead
 	node    string // its block node, added ahead (no backing yet)
+	// extras are the extra disks the freeze switches with the boot disk.
+	extras  []extraPrep
 	cleanup func()
+}
+
+// extraPrep is one extra disk a freeze switches (vmfork.TemplateDisk.Frozen).
+type extraPrep struct {
+	id, topNode, next, node, frozen string
 }
 
 func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template) (p *freezePrep, err error) {
@@ -82,15 +89,74 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		p.cleanup = func() {
 			if src.Paths.Disk != p.next { // not switched: the overlay is unused
 				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				if err := mon.Execute(cctx, "blockdev-del", map[string]any{"node-name": p.node}, nil); err != nil {
-					d.log.WithError(err).WithField("machine", src.Name).Warn("could not close the unused overlay node")
+				for _, n := range append([]string{p.node}, p.extraNodes()...) {
+					if err := mon.Execute(cctx, "blockdev-del", map[string]any{"node-name": n}, nil); err != nil {
+						d.log.WithError(err).WithField("machine", src.Name).Warn("could not close the unused overlay node")
+					}
 				}
 				cancel()
 				os.Remove(p.next)
+				for _, x := range p.extras {
+					os.Remove(x.next)
+				}
 			}
+		}
+		if err := prepareExtraDisks(ctx, mon, src, t, p); err != nil {
+			p.cleanup()
+			return nil, err
 		}
 	}
 	return p, nil
+}
+
+func (p *freezePrep) extraNodes() []string {
+	var out []string
+	for _, x := range p.extras {
+		if x.node != "" {
+			out = append(out, x.node)
+		}
+	}
+	return out
+}
+
+// prepareExtraDisks makes and opens, before the pause, the next top of
+// each extra disk the freeze switches, as prepareFreeze does for the boot
+// disk. What it opened is in p.extras for p.cleanup.
+func prepareExtraDisks(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, p *freezePrep) error {
+	for _, td := range t.Disks {
+		if !td.Frozen() {
+			continue
+		}
+		cur := src.Paths.Disks[td.ID].File
+		top, err := deviceTopNode(ctx, mon, extraDevice(td.ID))
+		if err != nil {
+			return fmt.Errorf("disk %q: %w", td.ID, err)
+		}
+		chain, err := overlay.Chain(cur)
+		if err != nil {
+			return fmt.Errorf("disk %q: %w", td.ID, err)
+		}
+		next, err := vmfork.NextDiskTop(filepath.Dir(cur), td.ID)
+		if err != nil {
+			return err
+		}
+		if err := overlay.CreateOn(ctx, td.File, chain[0].Format, chain[0].VirtualSize, next); err != nil {
+			return fmt.Errorf("disk %q: %w", td.ID, err)
+		}
+		x := extraPrep{id: td.ID, topNode: top, next: next, frozen: td.File}
+		p.extras = append(p.extras, x)
+		node := fmt.Sprintf("x%s%x", td.ID, time.Now().UnixNano())
+		add := map[string]any{
+			"driver": "qcow2", "node-name": node, "backing": nil,
+			"read-only": false, "auto-read-only": false,
+			"file": map[string]any{"driver": "file", "filename": next, "read-only": false, "auto-read-only": false},
+		}
+		if err := mon.Execute(ctx, "blockdev-add", add, nil); err != nil {
+			return fmt.Errorf("disk %q: open next overlay: %w", td.ID, err)
+		}
+		p.extras[len(p.extras)-1].node = node
+	}
+	return nil
 }
 
 // switchDisk makes the source's current top image the template's frozen
@@ -104,18 +170,43 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 		return err
 	}
 	w.OnFailure(func(context.Context) error { return os.Remove(t.Paths.Disk) })
-	if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": p.topNode, "overlay": p.node}, nil); err != nil {
-		return err
+	if len(p.extras) == 0 {
+		if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": p.topNode, "overlay": p.node}, nil); err != nil {
+			return err
+		}
+	} else {
+		// Every disk in one transaction: all switch, or none does.
+		actions := []map[string]any{{"type": "blockdev-snapshot", "data": map[string]any{"node": p.topNode, "overlay": p.node}}}
+		for _, x := range p.extras {
+			cur := src.Paths.Disks[x.id].File
+			if err := os.Link(cur, x.frozen); err != nil {
+				return fmt.Errorf("disk %q: %w", x.id, err)
+			}
+			w.OnFailure(func(context.Context) error { return os.Remove(x.frozen) })
+			actions = append(actions, map[string]any{"type": "blockdev-snapshot", "data": map[string]any{"node": x.topNode, "overlay": x.node}})
+		}
+		if err := mon.Execute(ctx, "transaction", map[string]any{"actions": actions}, nil); err != nil {
+			return err
+		}
 	}
-	// From here the source writes to its new overlay, on top of the frozen
-	// disk; that cannot be undone, and need not be: only cont remains.
+	// From here the source writes to its new overlays, on top of the
+	// frozen disks; that cannot be undone, and need not be: only cont
+	// remains.
 	src.Paths.Disk = p.next
+	for _, x := range p.extras {
+		src.Paths.Disks[x.id] = vmfork.DiskFile{File: x.next}
+	}
 	w.Keep()
 	return nil
 }
 
 // topNode returns the node name of the top image of the machine's disk.
 func topNode(ctx context.Context, mon *qmp.Monitor) (string, error) {
+	return deviceTopNode(ctx, mon, "disk0")
+}
+
+// deviceTopNode returns the node name of the top image of disk device id.
+func deviceTopNode(ctx context.Context, mon *qmp.Monitor, id string) (string, error) {
 	var blocks []struct {
 		QDev     string `json:"qdev"`
 		Inserted *struct {
@@ -126,11 +217,11 @@ func topNode(ctx context.Context, mon *qmp.Monitor) (string, error) {
 		return "", fmt.Errorf("query disks: %w", err)
 	}
 	for _, b := range blocks {
-		if strings.Contains(b.QDev, "/disk0/") && b.Inserted != nil {
+		if strings.Contains(b.QDev, "/"+id+"/") && b.Inserted != nil {
 			return b.Inserted.NodeName, nil
 		}
 	}
-	return "", fmt.Errorf("query disks: no disk0 found")
+	return "", fmt.Errorf("query disks: no %s found", id)
 }
 
 func manifestOf(m *vmfork.Machine, g qmp.Greeting) vmfork.Manifest {

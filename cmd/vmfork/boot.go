@@ -23,6 +23,14 @@ the virtio-serial port org.qemu.guest_agent.0.
    vmfork boot web --kernel /srv/vmlinuz --initrd /srv/initrd.gz --memory 512M
    vmfork boot db --disk /srv/debian.qcow2 --cpus 2 --port 2222:22
    vmfork boot lab --disk /srv/debian.qcow2 --network bridge=br0
+   vmfork boot desk --disk id=os,file=/srv/debian.qcow2 \
+       --disk id=home,file=/srv/home.qcow2,fork=keep \
+       --disk id=scratch,file=/srv/scratch.qcow2,fork=fresh
+
+--disk may be given several times: the first is the boot disk, the others
+extra virtio disks with an id and a fork policy (see vmfork fork --help):
+cow (the default), shared (read-only here and in every child), fresh or
+keep (children get an empty disk of the same size).
 
 --network user (the default) is QEMU's user-mode network, one private NAT
 network per machine, where --port works. bridge=BR puts the NIC on host
@@ -44,7 +52,7 @@ but only the devices still plugged in.
 		&cli.StringFlag{Name: "kernel", Usage: "kernel image to boot directly"},
 		&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk for --kernel"},
 		&cli.StringFlag{Name: "append", Usage: "kernel command line for --kernel", Value: "console=ttyS0 quiet panic=-1"},
-		&cli.StringFlag{Name: "disk", Usage: "base disk image (qcow2 or raw); attached as virtio disk, never written"},
+		&cli.GenericFlag{Name: "disk", Value: &wholeValues{}, Usage: "base disk image (qcow2 or raw), never written: `PATH`, or id=ID,file=PATH[,fork=cow|shared|fresh|keep]; the first is the boot disk; repeatable"},
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM, e.g. 512M or 2G", Value: "512M"},
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},
@@ -95,12 +103,23 @@ func bootSpec(cliCtx *cli.Context) (vmfork.Spec, error) {
 	spec := vmfork.Spec{
 		Kernel:    absPath(cliCtx.String("kernel")),
 		Initrd:    absPath(cliCtx.String("initrd")),
-		Disk:      absPath(cliCtx.String("disk")),
 		MemoryMiB: mem,
 		CPUs:      cliCtx.Int("cpus"),
 	}
 	if spec.Kernel != "" {
 		spec.Append = cliCtx.String("append")
+	}
+	var disks []vmfork.DiskArg
+	for _, v := range wholeValuesOf(cliCtx, "disk") {
+		a, err := vmfork.ParseDiskArg(v)
+		if err != nil {
+			return spec, fmt.Errorf("--disk: %w", err)
+		}
+		a.File = absPath(a.File)
+		disks = append(disks, a)
+	}
+	if err := spec.SetDisks(disks); err != nil {
+		return spec, fmt.Errorf("--disk: %w", err)
 	}
 	if spec.Network, err = vmfork.ParseNetwork(cliCtx.String("network")); err != nil {
 		return spec, fmt.Errorf("--network: %w", err)

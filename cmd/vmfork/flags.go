@@ -195,8 +195,10 @@ type machineView struct {
 	QGA       string               `json:"qga_socket"`
 	Serial    string               `json:"serial_log"`
 	Disk      string               `json:"disk,omitempty"`
-	RAM       string               `json:"ram_file"`
-	Created   time.Time            `json:"created"`
+	// Disks are the extra disks' images by id (boot --disk id=...).
+	Disks   map[string]vmfork.DiskFile `json:"disks,omitempty"`
+	RAM     string                     `json:"ram_file"`
+	Created time.Time                  `json:"created"`
 	// Expires is the --ttl deadline; TTLLeftS what is left of it.
 	Expires  time.Time `json:"expires,omitzero"`
 	TTLLeftS float64   `json:"ttl_left_s,omitempty"`
@@ -219,6 +221,7 @@ func viewOf(m *vmfork.Machine) machineView {
 	if m.Spec.Disk != "" {
 		v.Disk = m.Paths.Disk
 	}
+	v.Disks = m.Paths.Disks
 	v.Adopted = m.Adopted != nil
 	if m.GuestMAC != "" {
 		v.MAC = m.GuestMAC // a fork child's own MAC, set inside its guest

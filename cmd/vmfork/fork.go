@@ -52,7 +52,17 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
    vmfork fork web try-a try-b --json
    vmfork fork web -n 3 --hostname 'web-{n}' --address 10.0.2.21/24 \
        --address 10.0.2.22/24 --address 10.0.2.23/24 --skip-step vmfork.ssh-host-keys
-   vmfork fork web -n 2 --customize identity.yaml --identity reproducible`,
+   vmfork fork web -n 2 --customize identity.yaml --identity reproducible
+
+DISKS: every disk of a running source is frozen in the same pause. Each
+extra disk forks by its policy (boot --disk id=ID,file=PATH,fork=POLICY),
+which --disk-policy ID=POLICY overrides for one fork: cow (each child's
+own overlay on the frozen disk), shared (one read-only image for all),
+fresh or keep (each child gets an empty disk of the same size and
+VMFORK_DISK_<ID>=fresh in its post-fork hooks; keep also marks the disk
+as the source's alone). The boot disk always forks cow.
+
+   vmfork fork desk -n 3 --disk-policy home=fresh`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "number of children (default 1, or the number of NAMEs)"},
 		&cli.StringFlag{Name: "prefix", Usage: "name children PREFIX-1, PREFIX-2, ... (default SOURCE)"},
@@ -68,6 +78,7 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		&cli.StringSliceFlag{Name: "skip-step", Usage: "do not run the identity step `NAME`; repeatable"},
 		&cli.StringSliceFlag{Name: "step-timeout", Usage: "bound identity step NAME to a duration, as `NAME=DURATION`; repeatable"},
 		&cli.StringSliceFlag{Name: "extra-step", Usage: "copy host script FILE into each child and run it as step NAME (namespaced, e.g. acme.setup) at the end, as `NAME=FILE`; repeatable"},
+		&cli.StringSliceFlag{Name: "disk-policy", Usage: "fork disk ID this way in this fork, as `ID=POLICY` (cow, shared, fresh, keep); repeatable"},
 		&cli.BoolFlag{Name: "detach-devices", Usage: "when the source's extra devices (boot --device) forbid the fork, unplug them for it and plug them back after; children get none"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
 		ttlFlag,
@@ -93,6 +104,10 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 			TTL:           cliCtx.Duration("ttl"),
 			DetachDevices: cliCtx.Bool("detach-devices"),
 		}
+		var err error
+		if req.DiskPolicies, err = vmfork.ParseDiskPolicies(cliCtx.StringSlice("disk-policy")); err != nil {
+			return fmt.Errorf("--disk-policy: %w", err)
+		}
 		if cliCtx.IsSet("count") && req.Count < 1 {
 			return usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
 		}
@@ -102,7 +117,6 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 		if req.Count == 0 && len(req.Names) == 0 {
 			req.Count = 1
 		}
-		var err error
 		if req.Identity, err = identityOptions(cliCtx); err != nil {
 			return err
 		}
