@@ -660,3 +660,28 @@ func (mg *Manager) repairSourceExtraDisks(src *Machine, tpl *Template) error {
 	}
 	return nil
 }
+
+// DiskInfo is one disk of a machine as DiskList tells it.
+type DiskInfo struct {
+	ID       string     `json:"id"`
+	Base     string     `json:"base"`
+	Top      string     `json:"top"`
+	Fork     DiskPolicy `json:"fork"`
+	ReadOnly bool       `json:"read_only,omitempty"`
+	Boot     bool       `json:"boot,omitempty"`
+}
+
+// DiskList returns all of m's disks, the boot disk first. A record made
+// before machines had several disks (no disk_id, no disks) has the one
+// boot disk, BootDiskID, forking cow: nothing in it needs rewriting.
+func (m *Machine) DiskList() []DiskInfo {
+	var out []DiskInfo
+	if m.Spec.Disk != "" {
+		out = append(out, DiskInfo{ID: m.Spec.BootDiskID(), Base: m.Spec.Disk, Top: m.Paths.Disk, Fork: DiskCow, Boot: true})
+	}
+	for _, d := range m.Spec.Disks {
+		f := m.Paths.Disks[d.ID]
+		out = append(out, DiskInfo{ID: d.ID, Base: d.File, Top: f.File, Fork: d.Policy(), ReadOnly: f.ReadOnly})
+	}
+	return out
+}

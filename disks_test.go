@@ -1,0 +1,226 @@
+package vmfork
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/vmfork/vmfork/overlay"
+)
+
+func TestParseDiskArg(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want DiskArg
+		bad  string
+	}{
+		{in: "/srv/os.qcow2", want: DiskArg{File: "/srv/os.qcow2", Policy: DiskCow}},
+		{in: "id=data,file=/srv/d.qcow2", want: DiskArg{ID: "data", File: "/srv/d.qcow2", Policy: DiskCow}},
+		{in: "id=s,file=/s.img,fork=fresh", want: DiskArg{ID: "s", File: "/s.img", Policy: DiskFresh}},
+		{in: "file=/a,fork=keep,id=home", want: DiskArg{ID: "home", File: "/a", Policy: DiskKeep}},
+		{in: "id=x,file=/a,fork=copy", bad: "want cow, shared, fresh or keep"},
+		{in: "id=x,fork=cow", bad: "file= is required"},
+		{in: "id=x,file=/a,size=1G", bad: `unknown option "size"`},
+	} {
+		got, err := ParseDiskArg(c.in)
+		if c.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), c.bad) || !errors.Is(err, ErrInvalid) {
+				t.Errorf("ParseDiskArg(%q) = %v, want an invalid error saying %q", c.in, err, c.bad)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("ParseDiskArg(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+}
+
+func TestSetDisks(t *testing.T) {
+	var s Spec
+	err := s.SetDisks([]DiskArg{
+		{ID: "os", File: "/os", Policy: DiskCow},
+		{ID: "data", File: "/d", Policy: DiskCow},
+		{ID: "scratch", File: "/s", Policy: DiskFresh},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Spec{Disk: "/os", DiskID: "os", Disks: []DiskSpec{{ID: "data", File: "/d"}, {ID: "scratch", File: "/s", Fork: DiskFresh}}}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("SetDisks = %+v, want %+v", s, want)
+	}
+	for _, c := range []struct {
+		args []DiskArg
+		bad  string
+	}{
+		{[]DiskArg{{File: "/os", Policy: DiskShared}}, "is the boot disk, which forks cow"},
+		{[]DiskArg{{File: "/os", Policy: DiskCow}, {File: "/d", Policy: DiskCow}}, "a second disk needs an id"},
+	} {
+		var s Spec
+		if err := s.SetDisks(c.args); err == nil || !strings.Contains(err.Error(), c.bad) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("SetDisks(%+v) = %v, want %q", c.args, err, c.bad)
+		}
+	}
+}
+
+func TestValidateDisks(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "d.qcow2")
+	if err := overlay.CreateEmpty(context.Background(), 1<<20, img); err != nil {
+		t.Skipf("no qemu-img: %v", err)
+	}
+	for _, c := range []struct {
+		s   Spec
+		bad string
+	}{
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "data", File: img}, {ID: "data", File: img}}}, `disk id "data" is given twice`},
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "disk0", File: img}}}, `disk id "disk0" is given twice`},
+		{Spec{Disk: img, DiskID: "os", Disks: []DiskSpec{{ID: "os", File: img}}}, `disk id "os" is given twice`},
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "Data", File: img}}}, `disk id "Data"`},
+		{Spec{Disks: []DiskSpec{{ID: "data", File: img}}}, "extra disks need a boot disk"},
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "data", File: "rel.qcow2"}}}, "must be absolute"},
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "data", File: filepath.Join(dir, "nope")}}}, "does not exist"},
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "data", File: img, Fork: "copy"}}}, `disk policy "copy"`},
+	} {
+		if err := c.s.validateDisks(); err == nil || !strings.Contains(err.Error(), c.bad) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("validateDisks(%+v) = %v, want %q", c.s, err, c.bad)
+		}
+	}
+	ok := Spec{Disk: img, DiskID: "os", Disks: []DiskSpec{{ID: "data", File: img}, {ID: "scratch", File: img, Fork: DiskFresh}}}
+	if err := ok.validateDisks(); err != nil {
+		t.Errorf("validateDisks(%+v) = %v", ok, err)
+	}
+}
+
+func TestDiskPolicies(t *testing.T) {
+	got, err := ParseDiskPolicies([]string{"data=fresh", "scratch=keep"})
+	if err != nil || !reflect.DeepEqual(got, map[string]DiskPolicy{"data": DiskFresh, "scratch": DiskKeep}) {
+		t.Fatalf("ParseDiskPolicies = %v, %v", got, err)
+	}
+	for _, in := range [][]string{{"data"}, {"=cow"}, {"data=copy"}, {"data=cow", "data=fresh"}} {
+		if _, err := ParseDiskPolicies(in); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseDiskPolicies(%q) = %v, want invalid", in, err)
+		}
+	}
+	s := Spec{Disk: "/os", Disks: []DiskSpec{{ID: "data", File: "/d"}}}
+	for _, c := range []struct {
+		o   map[string]DiskPolicy
+		bad string
+	}{
+		{map[string]DiskPolicy{"nope": DiskCow}, `no disk "nope" (the machine's disks: disk0, data)`},
+		{map[string]DiskPolicy{"disk0": DiskFresh}, "is the boot disk, which forks cow"},
+	} {
+		if err := CheckDiskPolicies(s, c.o); err == nil || !strings.Contains(err.Error(), c.bad) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("CheckDiskPolicies(%v) = %v, want %q", c.o, err, c.bad)
+		}
+	}
+	if err := CheckDiskPolicies(s, map[string]DiskPolicy{"disk0": DiskCow, "data": DiskShared}); err != nil {
+		t.Errorf("CheckDiskPolicies = %v", err)
+	}
+}
+
+// TestOldRecordLoads: a record written before machines had several disks
+// (no disk_id, no disks) loads as the one boot disk it had, forking cow,
+// and is written back the same.
+func TestOldRecordLoads(t *testing.T) {
+	s := newTestStore(t)
+	p := s.MachinePaths("old")
+	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := `{"name":"old","driver":"qemu","state":"stopped","spec":{"disk":"/srv/os.qcow2","memory_mib":256,"cpus":1,"network":{}},
+"paths":{"dir":"` + p.Dir + `","disk":"` + p.Disk + `","qmp_socket":"q","qga_socket":"g","serial_log":"s","qemu_log":"l","ram_file":"r","ram_shared":true},"created":"2026-01-01T00:00:00Z"}`
+	if err := os.WriteFile(filepath.Join(p.Dir, fileMachine), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.LoadMachine("old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []DiskInfo{{ID: BootDiskID, Base: "/srv/os.qcow2", Top: p.Disk, Fork: DiskCow, Boot: true}}
+	if got := m.DiskList(); !reflect.DeepEqual(got, want) {
+		t.Errorf("DiskList = %+v, want %+v", got, want)
+	}
+	if err := s.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(p.Dir, fileMachine))
+	var raw map[string]map[string]any
+	json.Unmarshal(data, &raw)
+	for _, k := range []string{"disk_id", "disks"} {
+		if _, ok := raw["spec"][k]; ok {
+			t.Errorf("rewritten old record has spec.%s: %s", k, data)
+		}
+	}
+}
+
+// TestTemplateAndChildDisks plans a template's disks from a source with
+// one disk of each policy and makes a child's: cow an overlay on the
+// frozen image, shared the read-only image, fresh and keep empty disks
+// with a marker.
+func TestTemplateAndChildDisks(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.qcow2")
+	if err := overlay.CreateEmpty(ctx, 2<<20, base); err != nil {
+		t.Skipf("no qemu-img: %v", err)
+	}
+	src := &Machine{Name: "src", Spec: Spec{Disk: base, Disks: []DiskSpec{
+		{ID: "data", File: base}, {ID: "ro", File: base, Fork: DiskShared},
+		{ID: "scratch", File: base, Fork: DiskFresh}, {ID: "home", File: base, Fork: DiskKeep},
+	}}, Paths: Paths{Dir: filepath.Join(dir, "src")}}
+	os.Mkdir(src.Paths.Dir, 0o700)
+	if err := PrepareDisks(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	if f := src.Paths.Disks["ro"]; f.File != base || !f.ReadOnly {
+		t.Errorf("shared disk = %+v, want %s read-only", f, base)
+	}
+	tpl := &Template{Paths: TemplatePaths{Dir: filepath.Join(dir, "tpl")}}
+	os.Mkdir(tpl.Paths.Dir, 0o700)
+	if err := planTemplateDisks(src, tpl, map[string]DiskPolicy{"data": DiskCow}); err != nil {
+		t.Fatal(err)
+	}
+	frozen := map[string]bool{}
+	for _, d := range tpl.Disks {
+		frozen[d.ID] = d.Frozen()
+		if d.Size != 2<<20 {
+			t.Errorf("disk %s size %d, want %d", d.ID, d.Size, 2<<20)
+		}
+	}
+	if !reflect.DeepEqual(frozen, map[string]bool{"data": true, "ro": false, "scratch": false, "home": false}) {
+		t.Errorf("frozen = %v", frozen)
+	}
+	// Stand in for the freeze: the frozen image is the source's top.
+	if err := os.Link(src.Paths.Disks["data"].File, tpl.Disks[0].File); err != nil {
+		t.Fatal(err)
+	}
+	c := &Machine{Name: "c", Spec: src.Spec, Paths: Paths{Dir: filepath.Join(dir, "c")}}
+	os.Mkdir(c.Paths.Dir, 0o700)
+	if err := childDisks(ctx, tpl, c); err != nil {
+		t.Fatal(err)
+	}
+	if chain, err := overlay.Chain(c.Paths.Disks["data"].File); err != nil || len(chain) != 3 || !overlay.SameFile(chain[1].Path, tpl.Disks[0].File) {
+		t.Errorf("child's data chain = %+v, %v; want overlay, frozen, base", chain, err)
+	}
+	if f := c.Paths.Disks["ro"]; f.File != base || !f.ReadOnly {
+		t.Errorf("child's shared disk = %+v", f)
+	}
+	for _, id := range []string{"scratch", "home"} {
+		chain, err := overlay.Chain(c.Paths.Disks[id].File)
+		if err != nil || len(chain) != 1 || chain[0].VirtualSize != 2<<20 {
+			t.Errorf("child's %s = %+v, %v; want one empty 2 MiB image", id, chain, err)
+		}
+	}
+	if got, want := FreshDiskMarkers(tpl), []string{"VMFORK_DISK_SCRATCH=fresh", "VMFORK_DISK_HOME=fresh"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("markers = %q, want %q", got, want)
+	}
+	if &c.Spec.Disks[0] == &src.Spec.Disks[0] {
+		t.Error("child shares its source's disk list")
+	}
+}
