@@ -33,7 +33,7 @@ func (mg *Manager) planBoot(ctx context.Context, req BootRequest, l *lockSet) (*
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
-	if err := mg.checkDiskSupport(spec, nil); err != nil {
+	if err := mg.checkDiskSupport(spec, nil, true); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
 	if err := l.take(ctx, name); err != nil {

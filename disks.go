@@ -294,15 +294,19 @@ type TemplateDisk struct {
 	// fresh and keep, whose children get an empty disk of Size bytes.
 	File string `json:"file,omitempty"`
 	// Owned: File is in the template's directory (a frozen image).
-	Owned bool  `json:"owned,omitempty"`
-	Size  int64 `json:"size_bytes"`
+	Owned bool `json:"owned,omitempty"`
+	// Foreign: File is frozen where it is, outside the template's
+	// directory: an adopted machine's own image that no hard link could
+	// be made to (Template.ForeignDisk says the same of the boot disk).
+	Foreign bool  `json:"foreign,omitempty"`
+	Size    int64 `json:"size_bytes"`
 	// Format is File's format, "" for qcow2.
 	Format string `json:"format,omitempty"`
 }
 
 // Frozen reports whether the freeze switches the source's disk to a new
 // overlay on this disk's frozen image.
-func (d TemplateDisk) Frozen() bool { return d.Owned }
+func (d TemplateDisk) Frozen() bool { return d.Owned || d.Foreign }
 
 // templateDiskFile is the frozen image of extra disk id in template dir.
 func templateDiskFile(dir, id string) string { return filepath.Join(dir, "disk-"+id+".qcow2") }
@@ -524,19 +528,23 @@ func freezeStoppedDisks(ctx context.Context, src *Machine, t *Template) error {
 // MultiDisker is the optional driver capability to run machines with extra
 // disks (Spec.Disks) and fork them by the policies it lists.
 type MultiDisker interface {
-	// DiskPolicies lists the policies the driver honours.
+	// DiskPolicies lists the policies the driver honours in a fork.
 	DiskPolicies() []DiskPolicy
+	// BootsDisks reports whether the driver can also start such a
+	// machine from its record alone (boot, and the children of a stopped
+	// source), not only fork a running one.
+	BootsDisks() bool
 }
 
 // checkDiskSupport refuses, before anything changes, extra disks or a
 // policy this manager's driver cannot honour.
-func (mg *Manager) checkDiskSupport(s Spec, override map[string]DiskPolicy) error {
+func (mg *Manager) checkDiskSupport(s Spec, override map[string]DiskPolicy, boots bool) error {
 	if len(s.Disks) == 0 {
 		return nil
 	}
 	md, ok := mg.Driver.(MultiDisker)
-	if !ok {
-		return fmt.Errorf("driver %q cannot run a machine with more than one disk (disk %q): %w", mg.Driver.Name(), s.Disks[0].ID, ErrInvalid)
+	if !ok || (boots && !md.BootsDisks()) {
+		return fmt.Errorf("driver %q cannot boot a machine with more than one disk (disk %q): %w", mg.Driver.Name(), s.Disks[0].ID, ErrInvalid)
 	}
 	honours := map[DiskPolicy]bool{}
 	for _, p := range md.DiskPolicies() {
@@ -567,7 +575,7 @@ func (mg *Manager) checkForkDisks(m *Machine, override map[string]DiskPolicy) er
 			return fmt.Errorf("fork %q: disk %q is shared (read-only) and stays shared in children, not %s: %w", m.Name, d.ID, o, ErrInvalid)
 		}
 	}
-	if err := mg.checkDiskSupport(m.Spec, override); err != nil {
+	if err := mg.checkDiskSupport(m.Spec, override, m.State != StateRunning); err != nil {
 		return fmt.Errorf("fork %q: %w", m.Name, err)
 	}
 	return nil
@@ -584,7 +592,7 @@ func (p *forkPlan) renderDisks(out *Plan) {
 	switch p.mode {
 	case forkKept, forkHibernated:
 		for _, td := range p.tpl.Disks {
-			ds = append(ds, disk{td.ID, td.Policy, !td.Owned && td.File != ""})
+			ds = append(ds, disk{td.ID, td.Policy, false})
 		}
 	default:
 		for _, d := range p.source.Spec.Disks {
@@ -602,7 +610,7 @@ func (p *forkPlan) renderDisks(out *Plan) {
 		switch {
 		case d.pol == DiskCow:
 			out.add("disk %q: cow, frozen in the same pause; each child writes to its own overlay", d.id)
-		case d.pol == DiskShared && d.readOnly:
+		case d.pol == DiskShared && d.readOnly && p.mode != forkKept && p.mode != forkHibernated:
 			out.add("disk %q: shared, read-only already; every child gets the same read-only image", d.id)
 		case d.pol == DiskShared:
 			out.add("disk %q: shared, frozen in the same pause; every child gets that image read-only", d.id)

@@ -86,8 +86,19 @@ func (d *Driver) Adopt(ctx context.Context, name string, paths vmfork.Paths) (*v
 	if def.GenID != nil {
 		m.VMGenID = def.GenID.Value
 	}
-	if disk := writableFileDisk(def); disk != "" {
+	if disks := writableFileDisks(def); len(disks) > 0 {
+		disk := disks[0].file
 		m.Spec.Disk, m.Paths.Disk, m.Adopted.Disk = disk, disk, disk
+		m.Spec.DiskID = disks[0].target
+		// Every further writable file disk forks too, cow, by its
+		// target's name (vdb, ...): the owner edits nothing.
+		for _, x := range disks[1:] {
+			m.Spec.Disks = append(m.Spec.Disks, vmfork.DiskSpec{ID: x.target, File: x.file})
+			if m.Paths.Disks == nil {
+				m.Paths.Disks = map[string]vmfork.DiskFile{}
+			}
+			m.Paths.Disks[x.target] = vmfork.DiskFile{File: x.file}
+		}
 	}
 	// libvirt owns QMP and the agent socket; its own logs are the logs.
 	m.Paths.QMP, m.Paths.QGA = "", ""
@@ -147,6 +158,9 @@ func (d *Driver) disown(ctx context.Context, dom *libvirt.Domain, m *vmfork.Mach
 			return nil
 		}
 		base := m.Adopted.Disk
+		if b := extraBase(m, target); b != "" {
+			base = b
+		}
 		if base == "" {
 			base = "IMAGE"
 		}
@@ -248,18 +262,36 @@ func memoryBytes(v uint, unit string) uint64 {
 // writableFileDisk returns the source of def's writable file disk, the one a
 // fork freezes; Check has made sure there is at most one.
 func writableFileDisk(def *libvirtxml.Domain) string {
-	if def.Devices == nil {
-		return ""
+	if ds := writableFileDisks(def); len(ds) > 0 {
+		return ds[0].file
 	}
+	return ""
+}
+
+// fileDisk is a writable file disk of a domain: its target and file.
+type fileDisk struct{ target, file string }
+
+// writableFileDisks returns def's writable file disks in order.
+func writableFileDisks(def *libvirtxml.Domain) []fileDisk {
+	if def.Devices == nil {
+		return nil
+	}
+	var out []fileDisk
 	for _, disk := range def.Devices.Disks {
-		if disk.Device == "cdrom" || disk.ReadOnly != nil || disk.Shareable != nil {
+		if !isWritable(&disk) {
 			continue
 		}
 		if disk.Source != nil && disk.Source.File != nil {
-			return disk.Source.File.File
+			out = append(out, fileDisk{diskName(&disk), disk.Source.File.File})
 		}
 	}
-	return ""
+	return out
+}
+
+// isWritable reports whether a <disk> is one a fork freezes: not a cdrom,
+// not read-only, not shareable.
+func isWritable(disk *libvirtxml.DomainDisk) bool {
+	return disk.Device != "cdrom" && disk.ReadOnly == nil && disk.Shareable == nil
 }
 
 // serialLog returns where libvirt logs the domain's serial console, if it

@@ -46,8 +46,8 @@ func (e *UnforkableError) Unwrap() error { return vmfork.ErrUnsupported }
 // be able to save every device's state. RAM mapped shared is frozen by
 // copying the file; private RAM (a fork child's) is forkable too, but then
 // the device state carries all of it. A child also needs what its identity
-// comes from, a vmgenid device and the guest-agent channel, and one writable
-// disk that is a file, to put its overlay on. It returns nil or an
+// comes from, a vmgenid device and the guest-agent channel, and writable
+// disks that are files, to put its overlays on. It returns nil or an
 // *UnforkableError naming every element to change, so one round of edits is
 // enough.
 func Check(d *libvirtxml.Domain) error {
@@ -132,11 +132,11 @@ func checkDevices(dv *libvirtxml.DomainDeviceList, add func(el, why, fix string)
 	checkInterfaces(dv.Interfaces, add)
 }
 
-// checkDisks checks the writable disks: a child gets a qcow2 overlay on its
-// source's one writable disk, frozen at the fork, and that takes a file.
-// Read-only and shareable disks are handed to children as they are.
+// checkDisks checks the writable disks: a child gets a qcow2 overlay on
+// each of its source's writable disks, all frozen in the same snapshot at
+// the fork, and that takes files. Read-only and shareable disks are handed
+// to children as they are.
 func checkDisks(disks []libvirtxml.DomainDisk, add func(el, why, fix string)) {
-	var writable []string
 	for _, disk := range disks {
 		if disk.Device == "cdrom" || disk.ReadOnly != nil || disk.Shareable != nil {
 			continue
@@ -145,14 +145,7 @@ func checkDisks(disks []libvirtxml.DomainDisk, add func(el, why, fix string)) {
 			add(fmt.Sprintf("<disk type='%s'> %s", t, diskName(&disk)),
 				"only a file disk can be frozen for children and get an overlay",
 				"use a file disk, or make it <readonly/> or <shareable/>, or detach it before the fork")
-			continue
 		}
-		writable = append(writable, diskName(&disk))
-	}
-	if len(writable) > 1 {
-		add(fmt.Sprintf("<disk> %s", strings.Join(writable[1:], ", ")),
-			fmt.Sprintf("vmfork forks one writable disk (%s), and this is another", writable[0]),
-			"make it <readonly/> or <shareable/>, or detach it before the fork")
 	}
 }
 

@@ -49,10 +49,14 @@ func TestCheck(t *testing.T) {
 			s = strings.Replace(s, "<disk type='file' device='disk'>", "<disk type='block' device='disk'>", 1)
 			return strings.Replace(s, "<source file='/var/lib/vmfork/machines/web/disk.qcow2'/>", "<source dev='/dev/sdb'/>", 1)
 		}, []string{"<disk type='block'> vda"}},
+		// Several writable file disks fork together (issue 28).
 		{"second writable disk, a read-only one", func(s string) string {
 			return strings.Replace(s, "<controller type='usb'", "<disk type='file' device='disk'><source file='/srv/b.qcow2'/><target dev='vdb' bus='virtio'/></disk>"+
 				"<disk type='file' device='disk'><source file='/srv/c.qcow2'/><target dev='vdc' bus='virtio'/><readonly/></disk><controller type='usb'", 1)
-		}, []string{"<disk> vdb"}},
+		}, nil},
+		{"second writable disk on a block device", func(s string) string {
+			return strings.Replace(s, "<controller type='usb'", "<disk type='block' device='disk'><source dev='/dev/sdb'/><target dev='vdb' bus='virtio'/></disk><controller type='usb'", 1)
+		}, []string{"<disk type='block'> vdb"}},
 		{"hostdev and no file RAM", func(s string) string {
 			s = strings.Replace(s, "<source type='file'/>", "", 1)
 			return strings.Replace(s, "<memballoon", "<hostdev mode='subsystem' type='pci'><source><address domain='0' bus='5' slot='0' function='0'/></source></hostdev><memballoon", 1)

@@ -240,38 +240,6 @@ func isLedger(ch *libvirtxml.DomainChannel) bool {
 	return ch.Target != nil && ch.Target.VirtIO != nil && ch.Target.VirtIO.Name == ledgerChannel
 }
 
-// childDisks points the source's one writable file disk at the child's
-// overlay. libvirt reads the backing chain from the overlay's header, so the
-// source's <backingStore> is dropped.
-func childDisks(dev *libvirtxml.DomainDeviceList, c *vmfork.Machine) error {
-	writable := 0
-	for i := range dev.Disks {
-		disk := &dev.Disks[i]
-		if disk.Device == "cdrom" || disk.ReadOnly != nil || disk.Shareable != nil {
-			continue
-		}
-		if disk.Source == nil || disk.Source.File == nil {
-			return fmt.Errorf("disk %s is not a file: only file disks can be forked", diskName(disk))
-		}
-		writable++
-		if writable > 1 || c.Spec.Disk == "" {
-			return fmt.Errorf("disk %s: vmfork forks machines with one writable disk", diskName(disk))
-		}
-		disk.Source.File.File = c.Paths.Disk
-		disk.BackingStore, disk.Alias = nil, nil
-		// The overlay is qcow2 whatever its source's image was (an adopted
-		// domain's may be raw).
-		if disk.Driver == nil {
-			disk.Driver = &libvirtxml.DomainDiskDriver{Name: "qemu"}
-		}
-		disk.Driver.Type = "qcow2"
-	}
-	if c.Spec.Disk != "" && writable == 0 {
-		return fmt.Errorf("source domain XML has no writable file disk for %s", c.Paths.Disk)
-	}
-	return nil
-}
-
 func diskName(d *libvirtxml.DomainDisk) string {
 	if d.Target != nil {
 		return d.Target.Dev

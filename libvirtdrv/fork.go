@@ -180,6 +180,8 @@ type freezePrep struct {
 	// stays the base of the source's new overlay where it is.
 	foreign bool
 	next    string // the source's next top overlay, made ahead
+	// extras are the extra disks switched with it (disks.go).
+	extras []extraSwitch
 	// chainLen is the source disk's chain before the switch (its top
 	// included); snapshotMS the time of libvirt's snapshot call in the
 	// pause. Both for the debug log.
@@ -234,6 +236,10 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 		if err := prepareDisk(ctx, live, src, t, p); err != nil {
 			return nil, err
 		}
+		if err := prepareExtraDisks(ctx, live, src, t, p); err != nil {
+			p.cleanup()
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -273,8 +279,11 @@ func prepareDisk(ctx context.Context, live *libvirtxml.Domain, src *vmfork.Machi
 		return err
 	}
 	p.cleanup = func() {
-		if src.Paths.Disk != p.next { // not switched: the overlay is unused
+		if src.Paths.Disk != p.next { // not switched: the overlays are unused
 			os.Remove(p.next)
+			for _, x := range p.extras {
+				os.Remove(x.next)
+			}
 		}
 	}
 	return nil
@@ -297,6 +306,11 @@ func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfor
 		Driver:   &libvirtxml.DomainDiskDriver{Type: "qcow2"},
 		Source:   &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: p.next}},
 	}}
+	extras, err := snapshotExtras(src, p, func(f func() error) { w.OnFailure(func(context.Context) error { return f() }) })
+	if err != nil {
+		return err
+	}
+	disks = append(disks, extras...)
 	for _, name := range p.otherDisks {
 		// Named so that the snapshot leaves them as they are, whatever
 		// libvirt's default for an unnamed disk: children share them.
@@ -320,9 +334,13 @@ func (d *Driver) switchDisk(ctx context.Context, dom *libvirt.Domain, src *vmfor
 	}); err != nil {
 		return err
 	}
-	// From here the source writes to its new overlay, on top of the frozen
-	// disk; that cannot be undone, and need not be: only resume remains.
+	// From here the source writes to its new overlays, on top of the
+	// frozen disks; that cannot be undone, and need not be: only resume
+	// remains.
 	src.Paths.Disk = p.next
+	for _, x := range p.extras {
+		src.Paths.Disks[x.id] = vmfork.DiskFile{File: x.next}
+	}
 	w.Keep()
 	return nil
 }

@@ -344,3 +344,6 @@ var _ vmfork.MultiDisker = (*Driver)(nil)
 func (d *Driver) DiskPolicies() []vmfork.DiskPolicy {
 	return []vmfork.DiskPolicy{vmfork.DiskCow, vmfork.DiskShared, vmfork.DiskFresh, vmfork.DiskKeep}
 }
+
+// BootsDisks implements vmfork.MultiDisker.
+func (d *Driver) BootsDisks() bool { return true }
