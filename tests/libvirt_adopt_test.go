@@ -4,6 +4,7 @@ package tests
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -244,5 +245,59 @@ func TestLibvirtAdoptUnforkable(t *testing.T) {
 				t.Errorf("fork %s tainted the domain: %s", n, info)
 			}
 		})
+	}
+}
+
+// TestLibvirtAdoptTwoDisks: an operator's domain with two writable file
+// disks forks with no edit: both are frozen in the same snapshot, each
+// child's second disk holds what the domain wrote and synced before the
+// fork, a child's writes reach neither its sibling nor the domain, and the
+// operator's images are never written; a fork with --disk-policy vdb=fresh
+// gives its child an empty second disk.
+func TestLibvirtAdoptTwoDisks(t *testing.T) {
+	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	d := newDriverEnv(t, []string{"--connect", libvirtURI})
+	reachableByQEMU(t, filepath.Dir(d.stateDir))
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	disk := userImage(t, d.guest, dir)
+	second := filepath.Join(dir, "second.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", second, "1M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	p := d.n("two")
+	x := strings.Replace(operatorXML(p, d.guest, disk, sharedFileRAM, noBalloon), "<interface",
+		"<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='"+second+"'/><target dev='vdb' bus='virtio'/></disk>\n    <interface", 1)
+	defineDomain(t, p, x, true)
+	waitAgent(t, p)
+	const write = "printf %s | dd of=/dev/vdb conv=notrunc 2>/dev/null && sync"
+	const read = "sync; echo 3 >/proc/sys/vm/drop_caches; dd if=/dev/vdb bs=16 count=1 2>/dev/null | tr -d '\\000'"
+	agentRun(t, p, "sh", "-c", strings.Replace(write, "%s", "DATA-P", 1))
+
+	var f forkJSON
+	d.cliJSON(&f, "fork", p, "--count", "2")
+	frozen := fileSHA256(t, second)
+	c1, c2 := f.Children[0].Name, f.Children[1].Name
+	for _, c := range []string{c1, c2} {
+		if got := strings.TrimSpace(d.run(c, "sh", "-c", read)); got != "DATA-P" {
+			t.Errorf("%s's second disk reads %q, want the domain's DATA-P", c, got)
+		}
+	}
+	d.run(c1, "sh", "-c", strings.Replace(write, "%s", "DATA-C1", 1))
+	for m, want := range map[string]string{c1: "DATA-C1", c2: "DATA-P", p: "DATA-P"} {
+		if got := strings.TrimSpace(d.run(m, "sh", "-c", read)); got != want {
+			t.Errorf("%s's second disk reads %q after %s wrote to its own, want %q", m, got, c1, want)
+		}
+	}
+	var g forkJSON
+	d.cliJSON(&g, "fork", p, "--count", "1", "--prefix", p+"-fresh", "--disk-policy", "vdb=fresh")
+	if got := strings.TrimSpace(d.run(g.Children[0].Name, "sh", "-c", read)); got != "" {
+		t.Errorf("the fresh fork's child's second disk reads %q, want an empty disk", got)
+	}
+	d.cliOK("rm", c1, c2, g.Children[0].Name)
+	if got := fileSHA256(t, second); got != frozen {
+		t.Errorf("the operator's second image changed after the freeze")
 	}
 }
