@@ -171,12 +171,6 @@ func (mg *Manager) planRewind(ctx context.Context, req RewindRequest, l *lockSet
 	if err != nil {
 		return nil, fmt.Errorf("rewind: %w", err)
 	}
-	if err := refuseExtraDisks("rewind", m); err != nil {
-		return nil, err
-	}
-	if len(t.Disks) > 0 {
-		return nil, fmt.Errorf("rewind %q: template %q has more than one disk, which rewind does not support yet: %w", m.Name, req.To, ErrUnsupported)
-	}
 	if err := mg.checkRewind(ctx, m, t, req.Force); err != nil {
 		return nil, fmt.Errorf("rewind %q to %q: %w", m.Name, req.To, err)
 	}
@@ -262,6 +256,7 @@ func (mg *Manager) applyRewind(ctx context.Context, p *rewindPlan) (*ChildResult
 		if c.Paths.Disk != "" && c.Paths.Disk != old.Paths.Disk {
 			os.Remove(c.Paths.Disk)
 		}
+		dropNewDisks(c, &old)
 	}
 	if err := p.starter.StartInPlace(ctx, c, t); err != nil {
 		dropDisk()
@@ -286,6 +281,7 @@ func (mg *Manager) applyRewind(ctx context.Context, p *rewindPlan) (*ChildResult
 	if c.Paths.Disk != "" {
 		overlay.RemoveOldTops(c.Paths.Dir, c.Paths.Disk)
 	}
+	RemoveOldDiskTops(c)
 	log.Info("machine rewound")
 	mg.collectTemplates(ctx)
 	return &res, nil
@@ -357,9 +353,16 @@ func (mg *Manager) inPlaceChild(ctx context.Context, m *Machine, t *Template, pr
 		}
 		c.Paths.Disk = next
 	}
-	if err := mg.Store.SaveMachine(&c); err != nil {
+	made, err := inPlaceDisks(ctx, m, t, &c)
+	if err == nil {
+		err = mg.Store.SaveMachine(&c)
+	}
+	if err != nil {
 		if c.Paths.Disk != m.Paths.Disk {
 			os.Remove(c.Paths.Disk)
+		}
+		for _, f := range made {
+			os.Remove(f)
 		}
 		return nil, err
 	}
@@ -401,5 +404,6 @@ func (mg *Manager) repairRewind(ctx context.Context, e journalEntry) (done bool,
 	if m.Paths.Disk != "" {
 		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
 	}
+	RemoveOldDiskTops(m)
 	return true, nil
 }

@@ -414,28 +414,72 @@ func childDisks(ctx context.Context, t *Template, c *Machine) error {
 	c.Paths.Disks = map[string]DiskFile{}
 	c.Spec.Disks = slices.Clone(c.Spec.Disks) // the source's own, else
 	for _, td := range t.Disks {
-		top := filepath.Join(c.Paths.Dir, diskTopName(td.ID))
-		var err error
-		switch td.Policy {
-		case DiskCow:
-			err = overlay.Create(ctx, td.File, top)
-			c.Paths.Disks[td.ID] = DiskFile{File: top}
-		case DiskShared:
-			c.Paths.Disks[td.ID] = DiskFile{File: td.File, ReadOnly: true, Format: td.Format}
+		f, err := makeDisk(ctx, td, filepath.Join(c.Paths.Dir, diskTopName(td.ID)))
+		if err != nil {
+			return err
+		}
+		c.Paths.Disks[td.ID] = f
+		if td.Policy == DiskShared {
 			for i := range c.Spec.Disks {
 				if c.Spec.Disks[i].ID == td.ID {
 					c.Spec.Disks[i].Fork = DiskShared
 				}
 			}
-		default:
-			err = overlay.CreateEmpty(ctx, td.Size, top)
-			c.Paths.Disks[td.ID] = DiskFile{File: top}
-		}
-		if err != nil {
-			return fmt.Errorf("disk %q: %w", td.ID, err)
 		}
 	}
 	return nil
+}
+
+// makeDisk gives a machine made from a template its image of disk td: an
+// overlay at top on the frozen image (cow), the read-only image (shared),
+// or an empty disk at top (fresh, keep).
+func makeDisk(ctx context.Context, td TemplateDisk, top string) (DiskFile, error) {
+	var err error
+	switch td.Policy {
+	case DiskCow:
+		err = overlay.Create(ctx, td.File, top)
+	case DiskShared:
+		return DiskFile{File: td.File, ReadOnly: true, Format: td.Format}, nil
+	default:
+		err = overlay.CreateEmpty(ctx, td.Size, top)
+	}
+	if err != nil {
+		return DiskFile{}, fmt.Errorf("disk %q: %w", td.ID, err)
+	}
+	return DiskFile{File: top}, nil
+}
+
+// inPlaceDisks gives c, machine m's record as a child of t that takes m's
+// place (rewind), its extra disks: new images from t by the policies t
+// was made with, under new names (QEMU reopens images by name), except
+// that a keep disk stays m's own as it is now: a rewind does not take it
+// back. It returns the images it made, for the caller to remove on error.
+func inPlaceDisks(ctx context.Context, m *Machine, t *Template, c *Machine) (made []string, err error) {
+	if len(t.Disks) == 0 {
+		c.Paths.Disks = nil
+		return nil, nil
+	}
+	c.Paths.Disks = map[string]DiskFile{}
+	c.Spec.Disks = slices.Clone(c.Spec.Disks)
+	for _, td := range t.Disks {
+		if f, ok := m.Paths.Disks[td.ID]; ok && td.Policy == DiskKeep {
+			c.Paths.Disks[td.ID] = f
+			continue
+		}
+		top, err := NextDiskTop(m.Paths.Dir, td.ID)
+		if err != nil {
+			return made, err
+		}
+		f, err := makeDisk(ctx, td, top)
+		if err != nil {
+			return made, err
+		}
+		if f.File == top {
+			made = append(made, top)
+		}
+		c.Paths.Disks[td.ID] = f
+	}
+	return made, nil
 }
 
 // FreshDiskMarkers returns the VMFORK_DISK_<ID>=fresh lines of the disks
@@ -692,4 +736,14 @@ func (m *Machine) DiskList() []DiskInfo {
 		out = append(out, DiskInfo{ID: d.ID, Base: d.File, Top: f.File, Fork: d.Policy(), ReadOnly: f.ReadOnly})
 	}
 	return out
+}
+
+// dropNewDisks removes the extra-disk images in-place child c has and the
+// machine it replaced, old, did not (a rewind that failed).
+func dropNewDisks(c, old *Machine) {
+	for id, f := range c.Paths.Disks {
+		if f.File != old.Paths.Disks[id].File && filepath.Dir(f.File) == filepath.Clean(c.Paths.Dir) {
+			os.Remove(f.File)
+		}
+	}
 }

@@ -118,4 +118,21 @@ func TestForkDiskPolicies(t *testing.T) {
 	if got := read("src", data); got != "DATA-SRC2" {
 		t.Errorf("the source's data disk reads %q, want DATA-SRC2", got)
 	}
+	e.ok("rm", "-f", "s1")
+
+	// A rewind takes every disk back to the checkpoint but the keep disk,
+	// which stays the machine's own as it is.
+	e.ok("checkpoint", "src", "--as", "cp1")
+	write("src", data, "DATA-LATER")
+	write("src", home, "HOME-LATER")
+	e.ok("rewind", "src", "--to", "cp1")
+	if got := read("src", data); got != "DATA-SRC2" {
+		t.Errorf("after the rewind the cow disk reads %q, want the checkpoint's DATA-SRC2", got)
+	}
+	if got := read("src", home); got != "HOME-LATER" {
+		t.Errorf("after the rewind the keep disk reads %q, want HOME-LATER, untouched", got)
+	}
+	if got := read("src", ro); got != "SHARED" {
+		t.Errorf("after the rewind the shared disk reads %q, want SHARED", got)
+	}
 }
