@@ -224,3 +224,47 @@ func TestTemplateAndChildDisks(t *testing.T) {
 		t.Error("child shares its source's disk list")
 	}
 }
+
+// TestExportImportExtraDisks: a template's extra disk images travel
+// flattened in its archive and land in the imported template's directory;
+// a fresh or keep disk travels as its size alone.
+func TestExportImportExtraDisks(t *testing.T) {
+	mg, _ := newTestManager(t)
+	tpl := keptFake(t, mg)
+	ctx := t.Context()
+	base := filepath.Join(t.TempDir(), "base.qcow2")
+	if err := overlay.CreateEmpty(ctx, 1<<20, base); err != nil {
+		t.Skipf("no qemu-img: %v", err)
+	}
+	frozen := filepath.Join(tpl.Paths.Dir, "disk-data.qcow2")
+	if err := overlay.Create(ctx, base, frozen); err != nil {
+		t.Fatal(err)
+	}
+	tpl.Spec.Disks = []DiskSpec{{ID: "data", File: base}, {ID: "home", File: base, Fork: DiskKeep}}
+	tpl.Disks = []TemplateDisk{{ID: "data", Policy: DiskCow, File: frozen, Owned: true, Size: 1 << 20}, {ID: "home", Policy: DiskKeep, Size: 1 << 20}}
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "golden.vmt")
+	if _, err := mg.Export(ctx, ExportRequest{Name: "golden", File: file}); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := newTestManager(t)
+	if _, err := other.Import(ctx, ImportRequest{File: file, As: "copy"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := other.Store.FindKept("copy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(got.Paths.Dir, "disk-data.qcow2")
+	if d := got.Disks[0]; d.File != want || !d.Owned {
+		t.Errorf("imported data disk = %+v, want owned %s", d, want)
+	}
+	if chain, err := overlay.Chain(want); err != nil || len(chain) != 1 || chain[0].VirtualSize != 1<<20 {
+		t.Errorf("imported data image = %+v, %v; want one flat 1 MiB image", chain, err)
+	}
+	if d := got.Disks[1]; d.File != "" || d.Size != 1<<20 || d.Policy != DiskKeep {
+		t.Errorf("imported keep disk = %+v, want its size only", d)
+	}
+}

@@ -148,9 +148,7 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	fail := func(err error) (*ExportResult, error) {
 		return nil, fmt.Errorf("export %q: %w", req.Name, err)
 	}
-	if len(t.Disks) > 0 {
-		return fail(fmt.Errorf("templates of machines with more than one disk cannot be exported yet: %w", ErrUnsupported))
-	}
+
 	hdr := archiveHeader{Format: archiveFormat, Exported: time.Now().UTC(), Template: *t}
 	if hdr.Host, err = hostFacts(t); err != nil {
 		return fail(err)
@@ -245,6 +243,22 @@ func openFiles(ctx context.Context, t *Template, tmpDir string) (files []archive
 			return files, fmt.Errorf("flatten disk: %w", err)
 		}
 		if err := add(archDisk, flat); err != nil {
+			return files, err
+		}
+	}
+	// Each extra disk the template holds an image of, flattened like the
+	// boot disk; fresh and keep disks have none, and nothing of a keep
+	// disk leaves the host.
+	for _, d := range t.Disks {
+		if d.File == "" {
+			continue
+		}
+		name := archDiskName(d.ID)
+		flat := filepath.Join(tmpDir, name)
+		if err := overlay.Flatten(ctx, d.File, flat); err != nil {
+			return files, fmt.Errorf("flatten disk %q: %w", d.ID, err)
+		}
+		if err := add(name, flat); err != nil {
 			return files, err
 		}
 	}

@@ -157,6 +157,9 @@ func readArchiveHeader(tr *tar.Reader) (*archiveHeader, error) {
 		switch f.Name {
 		case archRAM, archDevState, archDisk, archKernel, archInitrd:
 		default:
+			if hdr.Template.hasDiskFile(f.Name) {
+				break
+			}
 			return nil, fmt.Errorf("archive header: unknown file %q: %w", f.Name, ErrInvalid)
 		}
 		if seen[f.Name] {
@@ -301,15 +304,18 @@ func hashZerosTo(h hash.Hash, hashed *int64, to int64) {
 // the record's paths rewritten to this store, and writes the record last.
 // t is the archive's record.
 func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template, err error) {
-	if st.files[archDisk] {
+	for name := range st.files {
+		if name != archDisk && !t.hasDiskFile(name) {
+			continue
+		}
 		// Flattened at export: a standalone image whose chain names no
 		// file of the exporting host.
-		chain, err := overlay.Chain(filepath.Join(st.dir, archDisk))
+		chain, err := overlay.Chain(filepath.Join(st.dir, name))
 		if err != nil {
 			return nil, err
 		}
 		if len(chain) != 1 {
-			return nil, fmt.Errorf("archive disk has a backing file %s: %w", chain[1].Path, ErrInvalid)
+			return nil, fmt.Errorf("archive disk %s has a backing file %s: %w", name, chain[1].Path, ErrInvalid)
 		}
 	}
 	nt, err := s.NewTemplate(t.Source)
@@ -353,6 +359,9 @@ func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template
 		rec.Spec.Disk = rec.Paths.Disk
 	} else {
 		rec.Paths.Disk, rec.Spec.Disk = "", ""
+	}
+	if err := importedDisks(&rec, st.files); err != nil {
+		return nil, err
 	}
 	// The kernel and initrd travel with the template; the device list names
 	// them by path, so it follows.
