@@ -450,10 +450,12 @@ func makeDisk(ctx context.Context, td TemplateDisk, top string) (DiskFile, error
 }
 
 // inPlaceDisks gives c, machine m's record as a child of t that takes m's
-// place (rewind), its extra disks: new images from t by the policies t
-// was made with, under new names (QEMU reopens images by name), except
-// that a keep disk stays m's own as it is now: a rewind does not take it
-// back. It returns the images it made, for the caller to remove on error.
+// place (rewind, resume), its extra disks: new images from t by the
+// policies t was made with, under new names (QEMU reopens images by
+// name), except that a disk t holds no image of (fresh, keep) stays m's
+// own as it is now: neither a rewind nor a resume takes it back, or
+// empties it. It returns the images it made, for the caller to remove on
+// error.
 func inPlaceDisks(ctx context.Context, m *Machine, t *Template, c *Machine) (made []string, err error) {
 	if len(t.Disks) == 0 {
 		c.Paths.Disks = nil
@@ -462,7 +464,7 @@ func inPlaceDisks(ctx context.Context, m *Machine, t *Template, c *Machine) (mad
 	c.Paths.Disks = map[string]DiskFile{}
 	c.Spec.Disks = slices.Clone(c.Spec.Disks)
 	for _, td := range t.Disks {
-		if f, ok := m.Paths.Disks[td.ID]; ok && td.Policy == DiskKeep {
+		if f, ok := m.Paths.Disks[td.ID]; ok && (td.Policy == DiskKeep || td.Policy == DiskFresh) {
 			c.Paths.Disks[td.ID] = f
 			continue
 		}

@@ -120,9 +120,6 @@ func (mg *Manager) planHibernate(ctx context.Context, name string, l *lockSet) (
 	case m.State != StateRunning:
 		return nil, fmt.Errorf("hibernate %q: machine is %s: %w", m.Name, m.State, ErrNotRunning)
 	}
-	if err := refuseExtraDisks("hibernate", m); err != nil {
-		return nil, err
-	}
 	if err := mg.checkHibernateSpace(m); err != nil {
 		return nil, fmt.Errorf("hibernate %q: %w", name, err)
 	}
@@ -243,6 +240,13 @@ func (mg *Manager) prepareHibernation(m *Machine) (*Template, func(), error) {
 	t.Family = familyOf(m)
 	if m.Spec.Disk == "" {
 		t.Paths.Disk = ""
+	}
+	// The machine's own policies: its fresh and keep disks stay its own
+	// (inPlaceDisks), and the forks of the hibernated machine get them
+	// empty.
+	if err := planTemplateDisks(m, t, nil); err != nil {
+		mg.Store.RemoveTemplate(t.ID)
+		return nil, nil, err
 	}
 	done, err := mg.Store.journal(journalEntry{Op: opHibernate, Source: m.Name, Template: t.ID})
 	if err != nil {

@@ -97,6 +97,9 @@ func (mg *Manager) applyResume(ctx context.Context, p *resumePlan) (*ChildResult
 		if c != nil && c.Paths.Disk != old.Paths.Disk {
 			os.Remove(c.Paths.Disk)
 		}
+		if c != nil {
+			dropNewDisks(c, &old)
+		}
 		old.Template = t.ID // as a crashed resume leaves it (journal.go)
 		if serr := mg.Store.SaveMachine(&old); serr != nil {
 			err = errors.Join(err, serr)
@@ -127,6 +130,7 @@ func (mg *Manager) applyResume(ctx context.Context, p *resumePlan) (*ChildResult
 	if c.Paths.Disk != "" {
 		overlay.RemoveOldTops(c.Paths.Dir, c.Paths.Disk)
 	}
+	RemoveOldDiskTops(c)
 	// The machine maps the thawed RAM now; the copy on disk has served.
 	if t.Hibernation != "" {
 		os.Remove(t.Hibernation)

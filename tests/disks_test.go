@@ -135,4 +135,15 @@ func TestForkDiskPolicies(t *testing.T) {
 	if got := read("src", ro); got != "SHARED" {
 		t.Errorf("after the rewind the shared disk reads %q, want SHARED", got)
 	}
+
+	// Hibernate and resume: every disk goes on as it was, a fresh one too.
+	write("src", data, "DATA-H")
+	write("src", scratch, "SCRATCH-H")
+	e.ok("hibernate", "src")
+	e.ok("resume", "src")
+	for dev, want := range map[string]string{data: "DATA-H", scratch: "SCRATCH-H", home: "HOME-LATER", ro: "SHARED"} {
+		if got := read("src", dev); got != want {
+			t.Errorf("after hibernate and resume %s reads %q, want %q", dev, got, want)
+		}
+	}
 }
