@@ -46,7 +46,9 @@ const (
 // BootDiskID is the boot disk's id when --disk gives none.
 const BootDiskID = "disk0"
 
-var diskIDPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+// At most 16 characters: QEMU node names, which embed the id (xfile-ID),
+// have at most 31.
+var diskIDPattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,15}$`)
 
 // ParseDiskPolicy parses a policy name; "" is cow.
 func ParseDiskPolicy(s string) (DiskPolicy, error) {
@@ -155,7 +157,7 @@ func (s *Spec) BootDiskID() string { return orBootID(s.DiskID) }
 func (s *Spec) validateDisks() error {
 	if len(s.Disks) == 0 {
 		if s.DiskID != "" && !diskIDPattern.MatchString(s.DiskID) {
-			return fmt.Errorf("disk id %q: want a lowercase letter, then up to 31 lowercase letters, digits or _: %w", s.DiskID, ErrInvalid)
+			return fmt.Errorf("disk id %q: want a lowercase letter, then up to 15 lowercase letters, digits or _: %w", s.DiskID, ErrInvalid)
 		}
 		return nil
 	}
@@ -164,11 +166,11 @@ func (s *Spec) validateDisks() error {
 	}
 	seen := map[string]bool{s.BootDiskID(): true}
 	if !diskIDPattern.MatchString(s.BootDiskID()) {
-		return fmt.Errorf("disk id %q: want a lowercase letter, then up to 31 lowercase letters, digits or _: %w", s.BootDiskID(), ErrInvalid)
+		return fmt.Errorf("disk id %q: want a lowercase letter, then up to 15 lowercase letters, digits or _: %w", s.BootDiskID(), ErrInvalid)
 	}
 	for _, d := range s.Disks {
 		if !diskIDPattern.MatchString(d.ID) {
-			return fmt.Errorf("disk id %q: want a lowercase letter, then up to 31 lowercase letters, digits or _: %w", d.ID, ErrInvalid)
+			return fmt.Errorf("disk id %q: want a lowercase letter, then up to 15 lowercase letters, digits or _: %w", d.ID, ErrInvalid)
 		}
 		if seen[d.ID] {
 			return fmt.Errorf("disk id %q is given twice: %w", d.ID, ErrInvalid)

@@ -82,6 +82,7 @@ func TestValidateDisks(t *testing.T) {
 		{Spec{Disk: img, Disks: []DiskSpec{{ID: "disk0", File: img}}}, `disk id "disk0" is given twice`},
 		{Spec{Disk: img, DiskID: "os", Disks: []DiskSpec{{ID: "os", File: img}}}, `disk id "os" is given twice`},
 		{Spec{Disk: img, Disks: []DiskSpec{{ID: "Data", File: img}}}, `disk id "Data"`},
+		{Spec{Disk: img, Disks: []DiskSpec{{ID: "abcdefghijklmnopq", File: img}}}, `disk id "abcdefghijklmnopq"`},
 		{Spec{Disks: []DiskSpec{{ID: "data", File: img}}}, "extra disks need a boot disk"},
 		{Spec{Disk: img, Disks: []DiskSpec{{ID: "data", File: "rel.qcow2"}}}, "must be absolute"},
 		{Spec{Disk: img, Disks: []DiskSpec{{ID: "data", File: filepath.Join(dir, "nope")}}}, "does not exist"},

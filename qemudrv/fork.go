@@ -123,7 +123,7 @@ func (p *freezePrep) extraNodes() []string {
 // each extra disk the freeze switches, as prepareFreeze does for the boot
 // disk. What it opened is in p.extras for p.cleanup.
 func prepareExtraDisks(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, p *freezePrep) error {
-	for _, td := range t.Disks {
+	for i, td := range t.Disks {
 		if !td.Frozen() {
 			continue
 		}
@@ -145,7 +145,8 @@ func prepareExtraDisks(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machin
 		}
 		x := extraPrep{id: td.ID, topNode: top, next: next, frozen: td.File}
 		p.extras = append(p.extras, x)
-		node := fmt.Sprintf("x%s%x", td.ID, time.Now().UnixNano())
+		// Node names have at most 31 characters.
+		node := fmt.Sprintf("x%d-%x", i, time.Now().UnixNano())
 		add := map[string]any{
 			"driver": "qcow2", "node-name": node, "backing": nil,
 			"read-only": false, "auto-read-only": false,
