@@ -93,6 +93,11 @@ options:
     type: list
     elements: str
     default: []
+  disk_policy:
+    description:
+      - Fork policies for this fork by disk id, overriding those the parent was booted with
+        (C(--disk-policy ID=POLICY)): C(cow), C(shared), C(fresh) or C(keep). The boot disk always forks C(cow).
+    type: dict
   parallel:
     description: Children started at once.
     type: int
@@ -287,6 +292,8 @@ def fork_args(p, names, hostname, customize_file, contract_file):
         args += ['--address', a]
     for s in p['skip_steps']:
         args += ['--skip-step', s]
+    for disk_id, policy in sorted((p.get('disk_policy') or {}).items()):
+        args += ['--disk-policy', '%s=%s' % (disk_id, policy)]
     return args + [p['parent']] + names
 
 
@@ -324,6 +331,7 @@ def main():
         network=dict(type='str', choices=['dhcp', 'static', 'none']),
         addresses=dict(type='list', elements='str'),
         skip_steps=dict(type='list', elements='str', default=[]),
+        disk_policy=dict(type='dict'),
         parallel=dict(type='int'),
         max_children=dict(type='int'),
         on_identity_failure=dict(type='str', choices=['kill', 'keep']),

@@ -43,6 +43,31 @@ options:
   disk:
     description: Base disk image (qcow2 or raw); never written, the machine writes to an overlay on it.
     type: path
+  disks:
+    description:
+      - Extra disks after I(disk), the boot disk (C(--disk id=ID,file=FILE,fork=POLICY)), each with the policy
+        a fork applies to it.
+      - C(cow) each child writes to its own overlay on the disk frozen at the fork; C(shared) one read-only
+        image for the machine and every child; C(fresh) and C(keep) each child gets an empty disk of the same
+        size and C(VMFORK_DISK_<ID>=fresh) in its post-fork hooks (C(keep) also keeps the disk out of
+        templates' archives).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      id:
+        description: The disk's id (a lowercase letter, then up to 15 lowercase letters, digits or C(_)).
+        type: str
+        required: true
+      file:
+        description: Its base image; never written.
+        type: path
+        required: true
+      fork:
+        description: Its fork policy.
+        type: str
+        choices: [cow, shared, fresh, keep]
+        default: cow
   memory:
     description: Guest RAM, for example C(512M) or C(2G).
     type: str
@@ -172,6 +197,8 @@ def boot_args(p, contract_file):
     for opt in ('kernel', 'initrd', 'append', 'disk', 'memory'):
         if p.get(opt):
             args += ['--%s' % opt, p[opt]]
+    for d in p.get('disks') or []:
+        args += ['--disk', 'id=%s,file=%s,fork=%s' % (d['id'], d['file'], d.get('fork') or 'cow')]
     args += ['--cpus', str(p['cpus'])]
     for port in p['ports']:
         args += ['--port', port]
@@ -215,6 +242,11 @@ def main():
         initrd=dict(type='path'),
         append=dict(type='str'),
         disk=dict(type='path'),
+        disks=dict(type='list', elements='dict', default=[], options=dict(
+            id=dict(type='str', required=True),
+            file=dict(type='path', required=True),
+            fork=dict(type='str', default='cow', choices=['cow', 'shared', 'fresh', 'keep']),
+        )),
         memory=dict(type='str', default='512M'),
         cpus=dict(type='int', default=1),
         ports=dict(type='list', elements='str', default=[]),

@@ -40,6 +40,12 @@ class TestVmforkFork(ModuleTestCase):
         self.assertEqual(fork[-1], '--json')
         self.assertEqual(fork[-5:-1], ['web', 'web-1', 'web-2', 'web-3'])
 
+    def test_disk_policy(self):
+        self.ok(dict(parent='web', count=1, disk_policy={'scratch': 'fresh', 'data': 'shared'}))
+        fork = [c for c in self.fake.calls if c[0] == 'fork'][0]
+        got = [fork[i + 1] for i, a in enumerate(fork) if a == '--disk-policy']
+        self.assertEqual(got, ['data=shared', 'scratch=fresh'])
+
     def test_second_run_changes_nothing(self):
         self.ok(dict(parent='web', count=2))
         calls = len(self.fake.calls)

@@ -36,6 +36,14 @@ class TestVmforkMachine(ModuleTestCase):
         self.assertFalse(res['changed'])
         self.assertEqual(self.fake.commands().count('boot'), 1)
 
+    def test_boots_with_extra_disks(self):
+        disks = [dict(id='data', file='/srv/d.qcow2'), dict(id='scratch', file='/srv/s.qcow2', fork='fresh')]
+        self.ok(dict(BOOT, disks=disks))
+        boot = [c for c in self.fake.calls if c[0] == 'boot'][0]
+        got = [boot[i + 1] for i, a in enumerate(boot) if a == '--disk']
+        self.assertEqual(got, ['/srv/data.qcow2', 'id=data,file=/srv/d.qcow2,fork=cow',
+                               'id=scratch,file=/srv/s.qcow2,fork=fresh'])
+
     def test_check_mode_boots_nothing(self):
         res = self.ok(BOOT, check=True, diff=True)
         self.assertTrue(res['changed'])

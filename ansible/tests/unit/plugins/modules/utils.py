@@ -51,7 +51,7 @@ def fail_json(self, **kwargs):
 
 GLOBAL_FLAGS = ('--state-dir', '--mem-dir', '--connect', '--timeout')
 VALUE_FLAGS = ('--hostname', '--customize', '--identity', '--network', '--parallel', '--max-children',
-               '--on-identity-failure', '--address', '--skip-step', '--kernel', '--initrd', '--append',
+               '--on-identity-failure', '--address', '--skip-step', '--disk-policy', '--kernel', '--initrd', '--append',
                '--disk', '--memory', '--cpus', '--port', '--pool', '--count', '--prefix', '--contract', '--set')
 
 
