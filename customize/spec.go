@@ -81,6 +81,10 @@ type Spec struct {
 	// Contract is the children's fork contract; --contract FILE overrides
 	// it. The identity chain does not read it: the Manager does.
 	Contract *contract.Contract `json:"contract,omitempty" yaml:"contract,omitempty"`
+	// Disks are the fork's disk policies by disk id (cow, shared, fresh,
+	// keep), as fork --disk-policy gives them, which override these. The
+	// identity chain does not read them: the Manager does.
+	Disks map[string]string `json:"disks,omitempty" yaml:"disks,omitempty"`
 
 	// Dir is where relative script paths start; LoadSpec sets it to the
 	// spec file's directory, else it is the working directory.

@@ -44,7 +44,7 @@ reproducible keeps the template's vmgenid, clock and RNG state in every child.
 A child whose identity fails is killed (or kept, link down, with
 --on-identity-failure keep) and counts as failed. --customize FILE reads a
 spec (YAML or JSON: identity, hostname, network, skip, timeouts, steps,
-on_failure); the flags below override it. Steps: vmfork.agent, vmfork.clock,
+on_failure, disks); the flags below override it. Steps: vmfork.agent, vmfork.clock,
 vmfork.rng, vmfork.hostname, vmfork.machine-id, vmfork.ssh-host-keys,
 vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
 
@@ -122,6 +122,20 @@ as the source's alone). The boot disk always forks cow.
 		}
 		if req.Contract, err = contractOf(cliCtx, req.Identity.Spec.Contract); err != nil {
 			return err
+		}
+		// The spec's disk policies, under the flag's.
+		for id, pol := range req.Identity.Spec.Disks {
+			if _, set := req.DiskPolicies[id]; set {
+				continue
+			}
+			p, err := vmfork.ParseDiskPolicy(pol)
+			if err != nil {
+				return fmt.Errorf("--customize: disks: %w", err)
+			}
+			if req.DiskPolicies == nil {
+				req.DiskPolicies = map[string]vmfork.DiskPolicy{}
+			}
+			req.DiskPolicies[id] = p
 		}
 		return run(cliCtx, func(v verb) error {
 			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanFork(v.ctx, req) }, func() error {
