@@ -96,7 +96,7 @@ options:
   disk_policy:
     description:
       - Fork policies for this fork by disk id, overriding those the parent was booted with
-        (C(--disk-policy ID=POLICY)): C(cow), C(shared), C(fresh) or C(keep). The boot disk always forks C(cow).
+        (C(--disk-policy ID=POLICY)), each C(cow), C(shared), C(fresh) or C(keep). The boot disk always forks C(cow).
     type: dict
   parallel:
     description: Children started at once.
