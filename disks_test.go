@@ -269,3 +269,57 @@ func TestExportImportExtraDisks(t *testing.T) {
 		t.Errorf("imported keep disk = %+v, want its size only", d)
 	}
 }
+
+// TestCollectKeepsATemplateAnExtraDiskReads: a template no child maps and
+// whose boot disk no chain reads stays while a stopped machine's extra
+// disk is an overlay on its frozen image, and goes once that is gone.
+func TestCollectKeepsATemplateAnExtraDiskReads(t *testing.T) {
+	mg, _ := newTestManager(t)
+	ctx := t.Context()
+	base, err := os.ReadFile(filepath.Join("overlay", "testdata", "base.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := mg.Store.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := templateDiskFile(tpl.Paths.Dir, "data")
+	for _, f := range []string{tpl.Paths.Disk, frozen} {
+		if err := os.WriteFile(f, base, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tpl.Disks = []TemplateDisk{{ID: "data", Policy: DiskCow, File: frozen, Owned: true}}
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
+		t.Fatal(err)
+	}
+	m := &Machine{Name: "m", Driver: "fake", State: StateStopped, Paths: mg.Store.MachinePaths("m"),
+		Spec: Spec{Disk: "/base", Disks: []DiskSpec{{ID: "data", File: "/base"}}}}
+	if err := mg.Store.CreateMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	// Its boot disk reads nothing of the template; its data disk does.
+	if err := os.WriteFile(m.Paths.Disk, base, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	top := filepath.Join(m.Paths.Dir, diskTopName("data"))
+	if err := overlay.Create(ctx, frozen, top); err != nil {
+		t.Fatal(err)
+	}
+	m.Paths.Disks = map[string]DiskFile{"data": {File: top}}
+	if err := mg.Store.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	mg.collectTemplates(ctx)
+	if _, err := mg.Store.LoadTemplate(tpl.ID); err != nil {
+		t.Fatalf("template removed while an extra disk's chain reads it: %v", err)
+	}
+	if err := mg.Store.RemoveMachine("m"); err != nil {
+		t.Fatal(err)
+	}
+	mg.collectTemplates(ctx)
+	if _, err := mg.Store.LoadTemplate(tpl.ID); err == nil {
+		t.Errorf("template left after the last chain reading it went")
+	}
+}
