@@ -19,7 +19,7 @@ import (
 // in its hooks' environment, and the source's keep disk keeps its data.
 // Then one fork overrides a policy (--disk-policy data=shared).
 func TestForkDiskPolicies(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	dir := t.TempDir()
 	img := func(name string) string {

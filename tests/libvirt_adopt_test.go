@@ -255,7 +255,7 @@ func TestLibvirtAdoptUnforkable(t *testing.T) {
 // operator's images are never written; a fork with --disk-policy vdb=fresh
 // gives its child an empty second disk.
 func TestLibvirtAdoptTwoDisks(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	reachableByQEMU(t, filepath.Dir(d.stateDir))
 	dir := t.TempDir()
