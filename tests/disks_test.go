@@ -42,7 +42,8 @@ func TestForkDiskPolicies(t *testing.T) {
 	const data, ro, scratch, home = "/dev/vdb", "/dev/vdc", "/dev/vdd", "/dev/vde"
 	write := func(m, dev, s string) {
 		t.Helper()
-		e.exec(m, "sh", "-c", "printf "+s+" | dd of="+dev+" conv=notrunc 2>/dev/null && sync")
+		// Zeros first: a shorter string must not leave a longer one's tail.
+		e.exec(m, "sh", "-c", "dd if=/dev/zero of="+dev+" bs=16 count=1 conv=notrunc 2>/dev/null && printf "+s+" | dd of="+dev+" conv=notrunc 2>/dev/null && sync")
 	}
 	read := func(m, dev string) string {
 		t.Helper()
