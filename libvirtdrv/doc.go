@@ -75,9 +75,10 @@
 // domains like any others. Adopt reads the domain's live XML and changes
 // nothing. It takes a running domain that passes Check (which also asks for
 // the <genid/> and the guest-agent channel a child's identity comes from,
-// and for at most one writable disk, a file) and whose guest agent is
+// and for writable disks that are files) and whose guest agent is
 // connected, and records it with Machine.Adopted: the domain's uuid and its
-// own disk image.
+// own disk images (the first writable one the boot disk, each other an
+// extra disk named by its target, forking cow).
 //
 // The first fork freezes the domain's own image in place. It becomes the
 // children's frozen base: a hard link in the template's directory, or,
