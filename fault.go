@@ -54,4 +54,5 @@ var FaultPoints = []string{
 	FaultPoolFilled, FaultPoolTaken, FaultRmStopped, FaultRmRemoving,
 	FaultHibernateFrozen, FaultHibernateCommitted, FaultResumeRunning, // hibernate.go
 	FaultRewindRunning, // checkpoint.go
+	FaultStartRunning,  // start.go
 }

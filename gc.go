@@ -61,7 +61,7 @@ func (mg *Manager) templateUseOf(ctx context.Context, ms []*Machine) (u template
 			u.hibernated[m.Hibernated] = true
 		}
 		// A hibernated machine maps no template's RAM.
-		if m.Template != "" && m.State != StateStopped && m.State != StateHibernated {
+		if m.mapsTemplate() {
 			u.users[m.Template]++
 		}
 		if m.Spec.Disk == "" {

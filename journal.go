@@ -48,6 +48,7 @@ const (
 	opHibernate journalOp = "hibernate" // hibernate.go: repairHibernate
 	opResume    journalOp = "resume"    // resume.go: repairResume
 	opRewind    journalOp = "rewind"    // checkpoint.go: repairRewind
+	opStart     journalOp = "start"     // start.go: repairStart
 )
 
 // repairOf returns the repair of op's entries; an op this vmfork does not
@@ -68,6 +69,8 @@ func (mg *Manager) repairOf(op journalOp) func(context.Context, journalEntry) (b
 		return mg.repairResume
 	case opRewind:
 		return mg.repairRewind
+	case opStart:
+		return mg.repairStart
 	}
 	return nil
 }

@@ -387,7 +387,7 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 		st.RAMBytes, _ = overlay.AllocatedBytes(t.Paths.RAM)
 	}
 	for _, m := range ms {
-		if m.Template == t.ID && m.State != StateStopped && m.State != StateHibernated {
+		if m.Template == t.ID && m.mapsTemplate() {
 			st.Children++
 		}
 	}

@@ -293,6 +293,21 @@ type Machine struct {
 	// everything made from that root (family.go): fork children, forks of
 	// forks, kept templates and their children, rewinds, explore branches.
 	Family string `json:"family,omitempty"`
+	// StopReason says why a stopped machine is stopped (stopreason.go):
+	// recorded when vmfork stops it, derived when its QEMU ended on its
+	// own; empty while it runs.
+	StopReason StopReason `json:"stop_reason,omitempty"`
+	// HostBoot is the host's boot id when the record was last saved with
+	// the machine running: a machine found stopped under another boot id
+	// was stopped by the host's restart.
+	HostBoot string `json:"host_boot,omitempty"`
+}
+
+// mapsTemplate reports whether m's QEMU maps its template's RAM (share=off):
+// a fork child, a resumed or rewound machine that runs. A started one has
+// its own RAM file (start.go) and needs only the template's disk.
+func (m *Machine) mapsTemplate() bool {
+	return m.Template != "" && !m.Paths.RAMShared && m.State != StateStopped && m.State != StateHibernated
 }
 
 // Adoption is what vmfork keeps of a machine it adopted, such as a libvirt

@@ -91,9 +91,11 @@ func (mg *Manager) refreshState(ctx context.Context, m *Machine) error {
 	if err != nil {
 		return err
 	}
+	recorded := m.State
 	m.State = st
 	if st == StateStopped {
 		m.PID = 0
+		m.StopReason = mg.stopReason(m, recorded)
 	}
 	return nil
 }

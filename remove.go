@@ -85,6 +85,11 @@ func (mg *Manager) stopLocked(ctx context.Context, m *Machine, force bool) error
 		return fmt.Errorf("stop %q: %w", m.Name, err)
 	}
 	mg.detachLedger(ctx, m)
+	if m.State != StateStopped || m.StopReason == "" {
+		// One found stopped keeps the reason derived for it (its QEMU
+		// died, the host restarted).
+		m.StopReason = StopByUser
+	}
 	m.State, m.PID = StateStopped, 0
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return fmt.Errorf("stop %q: %w", m.Name, err)
@@ -237,7 +242,9 @@ func (mg *Manager) RemoveEnded(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("reap: %w", err)
 	}
-	if m.Driver != mg.Driver.Name() || m.Template == "" || (m.State != StateRunning && m.State != StatePaused) {
+	// A child started again from its disk (start.go) has its own RAM: it
+	// is a machine like a booted one, and stays, stopped.
+	if m.Driver != mg.Driver.Name() || m.Template == "" || m.Paths.RAMShared || (m.State != StateRunning && m.State != StatePaused) {
 		return nil
 	}
 	if st, err := mg.Driver.Status(ctx, m); err != nil || st != StateStopped {

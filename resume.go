@@ -124,6 +124,11 @@ func (mg *Manager) applyResume(ctx context.Context, p *resumePlan) (*ChildResult
 		return fail(fmt.Errorf("identity: %w", err))
 	}
 	c.State, c.Hibernated = StateRunning, ""
+	// The chain ran only its agent and clock steps: the machine keeps the
+	// identity it had (its hostname, addresses, machine-id), which ls shows.
+	if old.Identity != nil {
+		c.Identity = old.Identity
+	}
 	if err := mg.Store.SaveMachine(c); err != nil {
 		return nil, err
 	}

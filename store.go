@@ -136,6 +136,11 @@ func (s *Store) notKept(name string) error {
 // SaveMachine writes m's record atomically.
 func (s *Store) SaveMachine(m *Machine) error {
 	path := filepath.Join(s.StateDir, dirMachines, m.Name, fileMachine)
+	if m.State == StateRunning {
+		// Saved while it runs, under this boot: a restart shows later
+		// (stopreason.go).
+		m.HostBoot, m.StopReason = hostBootID(), ""
+	}
 	if err := writeJSON(path, m); err != nil {
 		return fmt.Errorf("machine %q: save record: %w", m.Name, err)
 	}

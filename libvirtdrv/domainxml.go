@@ -103,6 +103,16 @@ func secLabel(user string) []libvirtxml.DomainSecLabel {
 	return []libvirtxml.DomainSecLabel{{Type: "static", Model: "dac", Relabel: "no", Label: user}}
 }
 
+// bootMAC is the MAC a booting domain's NIC gets: a fork child's own (its
+// identity chain gave its guest that one; vmfork start boots it again with
+// it), else the record's.
+func bootMAC(m *vmfork.Machine) string {
+	if m.GuestMAC != "" {
+		return m.GuestMAC
+	}
+	return m.Spec.MAC
+}
+
 func bootDevices(m *vmfork.Machine) *libvirtxml.DomainDeviceList {
 	zero := uint(0)
 	dev := &libvirtxml.DomainDeviceList{
@@ -110,7 +120,7 @@ func bootDevices(m *vmfork.Machine) *libvirtxml.DomainDeviceList {
 		// section a child must match.
 		Controllers: []libvirtxml.DomainController{{Type: "usb", Model: "none"}},
 		Interfaces: []libvirtxml.DomainInterface{{
-			MAC:    &libvirtxml.DomainInterfaceMAC{Address: m.Spec.MAC},
+			MAC:    &libvirtxml.DomainInterfaceMAC{Address: bootMAC(m)},
 			Source: interfaceSource(m.Spec.Network),
 			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 		}},
