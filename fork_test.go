@@ -80,6 +80,13 @@ func (d *fakeDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts
 		}
 		return FreezeResult{}, d.freezeErr
 	}
+	if t.Paths.RAM != "" {
+		// The frozen RAM file, as a driver's freeze leaves it: a template
+		// without one lost its RAM (restart.go).
+		if err := os.WriteFile(t.Paths.RAM, nil, 0o400); err != nil {
+			return FreezeResult{}, err
+		}
+	}
 	return FreezeResult{}, nil
 }
 

@@ -170,6 +170,9 @@ func (mg *Manager) checkForkSource(ctx context.Context, src *Machine) error {
 // planKept completes plan p of a fork of kept template t: it checks the
 // template and the request before any child is reserved.
 func (mg *Manager) planKept(ctx context.Context, p *forkPlan, t *Template) error {
+	if err := checkRAMKept("fork", t); err != nil {
+		return err
+	}
 	// A template copied from another host, or kept across an upgrade of
 	// QEMU, is refused here, before any child is reserved (compat.go).
 	if err := mg.CheckTemplate(ctx, t); err != nil {

@@ -44,7 +44,7 @@ func TestCollectTemplatesFreesMemoryUnderALaterTemplate(t *testing.T) {
 	}
 	kid := &Machine{Name: "kid", Driver: "fake", State: StateRunning, Paths: mg.Store.MachinePaths("kid"),
 		Spec: Spec{Disk: "base"}, Template: newer.ID}
-	kid.Paths.RAM = newer.Paths.RAM
+	kid.Paths.RAM, kid.Paths.RAMShared = newer.Paths.RAM, false // as fork.go makes a child
 	if err := mg.Store.CreateMachine(kid); err != nil {
 		t.Fatal(err)
 	}

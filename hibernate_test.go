@@ -27,6 +27,7 @@ func (d *hibDriver) Freeze(ctx context.Context, src *Machine, t *Template, opts 
 	if err != nil {
 		return fr, err
 	}
+	os.Remove(t.Paths.RAM) // the fake freeze's empty one
 	f, err := os.OpenFile(t.Paths.RAM, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o400)
 	if err != nil {
 		return fr, err

@@ -51,6 +51,9 @@ type TemplateStatus struct {
 	Children int `json:"children"`
 	PoolSize int `json:"pool_size"`
 	Pooled   int `json:"pooled"` // live members of the warm pool
+	// RAMLost: the template held RAM that a host restart took
+	// (restart.go); no child can start from it.
+	RAMLost bool `json:"ram_lost,omitempty"`
 }
 
 // FindKept returns the template kept under name; ErrNotFound if none is.
@@ -270,6 +273,9 @@ func (mg *Manager) planPool(ctx context.Context, name string, size int, l *lockS
 		if !p.t.HasMemory {
 			return nil, fmt.Errorf("template %q holds only a disk and its children boot fresh: no warm pool (use 0): %w", name, ErrInvalid)
 		}
+		if err := checkRAMKept("template pool", p.t); err != nil {
+			return nil, err
+		}
 		// Pool members load the template: refuse one that does not fit
 		// this host before starting any (compat.go).
 		if err := mg.CheckTemplate(ctx, p.t); err != nil {
@@ -381,7 +387,7 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 	}
 	st := TemplateStatus{
 		Name: t.Name, ID: t.ID, Source: t.Source, Created: t.Created, MemoryMiB: t.Spec.MemoryMiB,
-		HasMemory: t.HasMemory, PauseMS: t.PauseMS, PoolSize: t.PoolSize,
+		HasMemory: t.HasMemory, PauseMS: t.PauseMS, PoolSize: t.PoolSize, RAMLost: TemplateRAMLost(t),
 	}
 	if t.HasMemory {
 		st.RAMBytes, _ = overlay.AllocatedBytes(t.Paths.RAM)

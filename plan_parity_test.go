@@ -166,6 +166,18 @@ func stopRow(name, machine string) parityRow {
 		}}
 }
 
+func startRow(name, machine string) parityRow {
+	return parityRow{name,
+		func(ctx context.Context, mg *Manager) (*Plan, error) {
+			p, errs := mg.PlanStart(ctx, []string{machine})
+			return p, errs[0]
+		},
+		func(ctx context.Context, mg *Manager) ([]string, error) {
+			_, err := mg.Start(ctx, machine)
+			return []string{machine}, err
+		}}
+}
+
 func poolRow(name, tpl string, size int) parityRow {
 	return parityRow{name,
 		func(ctx context.Context, mg *Manager) (*Plan, error) { return mg.PlanPool(ctx, tpl, size) },
@@ -253,6 +265,11 @@ var badParity = []parityRow{
 	removeRow("rm an invalid name", "a/b", false),
 	stopRow("stop a hibernated machine", "sleepy"),
 	stopRow("stop nothing", "nope"),
+	startRow("start a running machine", "web"),
+	startRow("start a hibernated machine", "sleepy"),
+	startRow("start a kept template", "golden"),
+	startRow("start nothing", "nope"),
+	startRow("start an invalid name", "a/b"),
 	poolRow("pool of nothing", "nope", 1),
 	poolRow("pool size negative", "golden", -1),
 	poolRow("pool of a disk-only template", "disk", 1),
@@ -295,6 +312,7 @@ var goodParity = []parityRow{
 	removeRow("rm a running machine", "web", false),
 	removeRow("rm a hibernated machine", "sleepy", false),
 	stopRow("stop", "web"),
+	startRow("start", "db"),
 	poolRow("pool", "golden", 2),
 	unkeepRow("template rm", "golden"),
 	forkRow("fork with a contract", ForkRequest{Source: "web", Count: 2, Contract: egressNone}),

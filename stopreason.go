@@ -89,16 +89,3 @@ var hostBootID = sync.OnceValue(func() string {
 	}
 	return strings.TrimSpace(string(b))
 })
-
-// TemplateRAMLost reports whether template t held RAM that the mem dir no
-// longer has: the host restarted, or the mem dir was emptied. Its children
-// cannot start from it any more (their forks would load device state with
-// no RAM behind it). A hibernated machine's template is not lost: its RAM
-// is on disk, and comes back with a resume or a fork.
-func TemplateRAMLost(t *Template) bool {
-	if !t.HasMemory || t.Hibernation != "" || t.Paths.RAM == "" {
-		return false
-	}
-	_, err := os.Stat(t.Paths.RAM)
-	return errors.Is(err, fs.ErrNotExist)
-}

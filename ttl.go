@@ -156,8 +156,11 @@ type ReapResult struct {
 	Removed []string `json:"removed"`
 	// Released are kept templates whose deadline passed: their names are
 	// given up, and each goes once its last child has gone.
-	Released []string     `json:"released"`
-	Failed   []ChildError `json:"failed,omitempty"`
+	Released []string `json:"released"`
+	// Lost are kept templates whose RAM was lost with a host restart
+	// (restart.go): gc gives their names up.
+	Lost   []string     `json:"lost,omitempty"`
+	Failed []ChildError `json:"failed,omitempty"`
 	// Pending counts deadlines still to come and explores still running.
 	Pending int `json:"pending"`
 	// Next is the nearest deadline to come.
@@ -316,8 +319,10 @@ func (mg *Manager) GC(ctx context.Context) (ReapResult, error) {
 		mg.Log.WithError(err).Warn("repairing an interrupted fork failed")
 	}
 	res, err := mg.Reap(ctx, time.Now())
+	lost, lerr := mg.giveUpLost(ctx)
+	res.Lost = append([]string{}, lost...)
 	mg.collectTemplates(ctx)
-	return res, err
+	return res, errors.Join(err, lerr)
 }
 
 // TTLLeft is what is left of a deadline at now, rounded to seconds; zero

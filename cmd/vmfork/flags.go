@@ -204,6 +204,9 @@ type machineView struct {
 	TTLLeftS float64   `json:"ttl_left_s,omitempty"`
 	// Contract is the machine's fork contract (vmfork contract NAME).
 	Contract *contract.Contract `json:"contract,omitempty"`
+	// StopReason says why a stopped machine is stopped, when vmfork can
+	// tell: user, qemu-died or host-restart (vmfork.StopReason).
+	StopReason vmfork.StopReason `json:"stop_reason,omitempty"`
 }
 
 func viewOf(m *vmfork.Machine) machineView {
@@ -213,6 +216,9 @@ func viewOf(m *vmfork.Machine) machineView {
 		Ports: m.Spec.Ports, Network: m.Spec.Network.Effective(), Parent: m.Parent, Template: m.Template,
 		QMP: m.Paths.QMP, QGA: m.Paths.QGA, Serial: m.Paths.Serial, RAM: m.Paths.RAM,
 		Created: m.Created, Expires: m.Expires, Contract: m.Contract,
+	}
+	if m.State == vmfork.StateStopped {
+		v.StopReason = m.StopReason
 	}
 	v.TTLLeftS = vmfork.TTLLeft(m.Expires, time.Now()).Seconds()
 	if v.Ports == nil {

@@ -15,8 +15,9 @@ var gcCommand = &cli.Command{
 	Description: `Does on demand what the reaper does on its own: removes machines whose TTL
 has passed, gives up kept templates whose TTL has passed (each goes once its
 last child has gone), removes the branches of explores whose process died,
-repairs forks a killed command left half-done, and removes templates no
-machine needs. Machines without a TTL are never touched.
+repairs forks a killed command left half-done, gives up kept templates whose
+RAM a host restart took (they can never make a child again), and removes
+templates no machine needs. Machines without a TTL are never touched.
 
    vmfork gc --json`,
 	Flags: []cli.Flag{jsonFlag},
@@ -29,6 +30,9 @@ machine needs. Machines without a TTL are never touched.
 			return show(v, &res, err, func(res *vmfork.ReapResult) {
 				fmt.Printf("removed %d machines (%s); released %d templates (%s); %d deadlines to come\n",
 					len(res.Removed), orDash(strings.Join(res.Removed, ",")), len(res.Released), orDash(strings.Join(res.Released, ",")), res.Pending)
+				if len(res.Lost) > 0 {
+					fmt.Printf("gave up %d kept templates whose RAM a host restart took (%s)\n", len(res.Lost), strings.Join(res.Lost, ","))
+				}
 			})
 		})
 	},

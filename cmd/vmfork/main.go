@@ -107,7 +107,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			lsCommand,
 			execCommand,
 			cpCommand,
-			stopCommand,
+			stopCommand, startCommand,
 			rmCommand,
 			logsCommand,
 			libvirtCommand,

@@ -116,7 +116,10 @@ func printTemplates(w io.Writer, ts []vmfork.TemplateStatus) error {
 	fmt.Fprintln(tw, "NAME\tID\tSOURCE\tMEMORY\tRAM HELD\tCHILDREN\tPOOL\tCREATED")
 	for _, t := range ts {
 		held := "-"
-		if t.HasMemory {
+		switch {
+		case t.RAMLost:
+			held = "lost" // a host restart took it (vmfork gc gives the name up)
+		case t.HasMemory:
 			held = fmt.Sprintf("%.1f MiB", float64(t.RAMBytes)/(1<<20))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
