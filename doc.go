@@ -21,7 +21,8 @@
 //
 // The Manager holds the verbs, which cmd/vmfork's commands call:
 //
-//   - machines: Boot, List and Get, Exec, Stop, Remove, SetTTL (extend);
+//   - machines: Boot, List and Get, Exec, Stop, Start (boots a stopped
+//     machine again from its disk), Remove, SetTTL (extend);
 //   - forks: Fork, Explore (one branch per try, the winner kept), Tree;
 //   - instants kept as templates: Keep and Unkeep (template save and rm),
 //     Templates, SetPool, Export and Import; Checkpoint, Checkpoints and
@@ -29,7 +30,9 @@
 //   - upkeep: Recover (finishes or undoes what a killed command left, from
 //     the journal), GC and Reap (remove what is due), RunReaper and
 //     EnsureReaper (the process that removes machines and kept templates
-//     when their TTL ends).
+//     when their TTL ends). After a host restart no repair by hand is
+//     needed: ls says why each machine is stopped, and kept templates whose
+//     RAM went are refused and given up by GC (restart.go).
 //
 // Each verb that changes something is planned, then applied: its plan
 // resolves and checks the request once, the apply takes that plan, and

@@ -44,3 +44,22 @@ func victimIs(want string) func(*rig, int) {
 		}
 	}
 }
+
+// startVictim stops the victim for a start to be killed.
+func (r *rig) startVictim(*rig, int) []string {
+	r.ok("stop", "victim")
+	return []string{"start", "victim"}
+}
+
+// victimStartsAgain checks that a start cut short left the victim
+// stopped, with no QEMU of it, and that it starts on the next try.
+func victimStartsAgain(r *rig, _ int) {
+	r.t.Helper()
+	if m := r.machine("victim"); m.State != "stopped" || m.PID != 0 {
+		r.t.Fatalf("after the repair victim is %+v, want it stopped", m)
+	}
+	r.ok("start", "victim")
+	if m := r.machine("victim"); m.State != "running" || r.qmpStatus(m.QMP) != "running" {
+		r.t.Errorf("victim after starting again: %+v, want it running", m)
+	}
+}

@@ -175,7 +175,11 @@ type machineJSON struct {
 	Disk      string `json:"disk"`
 	RAM       string `json:"ram_file"`
 	MAC       string `json:"mac"`
-	Ports     []struct {
+	Hostname  string `json:"hostname"`
+	// StopReason: why a stopped machine is stopped (user, qemu-died,
+	// host-restart).
+	StopReason string `json:"stop_reason"`
+	Ports      []struct {
 		Host  int `json:"host"`
 		Guest int `json:"guest"`
 	} `json:"ports"`
