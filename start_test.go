@@ -184,3 +184,26 @@ func TestHostRestart(t *testing.T) {
 		t.Errorf("golden after gc: %v, want it given up", err)
 	}
 }
+
+// A resumed machine keeps the identity its record holds: ls showed its
+// hostname as "-" after a resume, whose chain runs only the clock step.
+func TestResumeKeepsIdentity(t *testing.T) {
+	mg, _ := newHibManager(t)
+	ctx := t.Context()
+	bootFake(t, mg, "web")
+	m, _ := mg.Store.LoadMachine("web")
+	m.Identity = &IdentityResult{Hostname: "web-7", MachineID: "0123456789abcdef0123456789abcdef"}
+	if err := mg.Store.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.Hibernate(ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.Resume(ctx, ResumeRequest{Machine: "web", Identity: quietChain}); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = mg.Store.LoadMachine("web")
+	if m.Identity == nil || m.Identity.Hostname != "web-7" || m.Identity.MachineID != "0123456789abcdef0123456789abcdef" {
+		t.Errorf("identity after resume: %+v, want the machine's own", m.Identity)
+	}
+}
