@@ -210,6 +210,12 @@ func (mg *Manager) applyStart(ctx context.Context, p *startPlan) (*StartResult, 
 		mg.unbroker(context.WithoutCancel(ctx), &c)
 		return nil, fmt.Errorf("start %q: %w (the machine stays stopped)", name, err)
 	}
+	// What a QEMU that died on its own left (its sockets, its RAM file,
+	// its host rules) goes first; after a stop by vmfork this finds
+	// nothing. Driver.Stop of a machine without a process only clears.
+	if err := mg.Driver.Stop(ctx, &c, true); err != nil {
+		return nil, fmt.Errorf("start %q: clear what its last QEMU left: %w (the machine stays stopped)", name, err)
+	}
 	brokered, err := mg.brokerSecrets(ctx, &c, 0)
 	if err != nil {
 		return stays(err)
