@@ -121,8 +121,8 @@ func TestCrashMatrix(t *testing.T) {
 		{name: "hibernate-committed", fault: vmfork.FaultHibernateCommitted, victim: true, prep: r.hibernateVictim, after: victimIs("hibernated")},
 		{name: "resume-running", fault: vmfork.FaultResumeRunning, victim: true, prep: r.resumeVictim, after: victimIs("hibernated")},
 		{name: "rewind-running", fault: vmfork.FaultRewindRunning, victim: true, prep: r.rewindVictim, after: victimIs("stopped")},
-		{name: "start-running", fault: vmfork.FaultStartRunning, victim: true, prep: r.startVictim, after: victimStartsAgain},
-		{name: "start-spawned", fault: vmfork.FaultQEMUSpawned, victim: true, prep: r.startVictim, after: victimStartsAgain},
+		{name: "start-running", fault: vmfork.FaultStartRunning, prep: r.startChild, after: childStillStopped},
+		{name: "start-spawned", fault: vmfork.FaultQEMUSpawned, prep: r.startChild, after: childStillStopped},
 	}
 	// VMFORK_CRASH_CASES (a regexp on case names) runs some cases only.
 	// make test runs the CI slice: the first case of each fault (a point,
