@@ -47,8 +47,8 @@ var expectedSeconds = map[string]int{
 	"TestAnsibleDebianModules":           130,
 	"TestLedgerForkRace":                 110,
 	"TestCrashMatrixLibvirt":             100,
-	"TestConformance/libvirt":            90,
-	"TestConformance/qemu":               80,
+	"TestConformance/libvirt":            105, // with Start, a cold boot
+	"TestConformance/qemu":               95,
 	"TestConcurrency":                    80,
 	"TestFlatPauseLoop":                  75,
 	"TestLibvirtFlatPause":               70,

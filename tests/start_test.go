@@ -31,7 +31,7 @@ type startJSON struct {
 // up the template. Stop and start without a restart are in the conformance
 // suite (both drivers).
 func TestHostRestart(t *testing.T) {
-	t.Parallel() // self-contained (tests/doc.go, "Parallel")
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	e.boot("src")
 	e.ok("template", "save", "src", "gold")
