@@ -3,6 +3,7 @@ package vmfork
 import (
 	"errors"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -106,7 +107,7 @@ func TestStart(t *testing.T) {
 	if m.State != StateRunning || !d.running["web"] || m.StopReason != "" || res.PID != m.PID || res.MAC != before.Spec.MAC {
 		t.Errorf("after start: %+v (result %+v), want it running with its MAC %s", m, res, before.Spec.MAC)
 	}
-	if m.Spec.MAC != before.Spec.MAC || m.Paths != before.Paths || m.Family != before.Family || m.Created != before.Created {
+	if m.Spec.MAC != before.Spec.MAC || !reflect.DeepEqual(m.Paths, before.Paths) || m.Family != before.Family || m.Created != before.Created {
 		t.Errorf("start changed the machine: %+v, was %+v", m, before)
 	}
 	if _, err := mg.Hibernate(ctx, "sleepy"); err != nil {
