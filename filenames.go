@@ -8,6 +8,9 @@ const (
 	dirJournal   = "journal"
 	dirLocks     = "locks"
 	dirPool      = "pool"
+	// dirUsage keeps, per source, what its stopped children had made
+	// private (admission.go): usage/SOURCE.json.
+	dirUsage = "usage"
 	// dirBroker is the secrets broker's: its control socket, lock, log,
 	// registry (no values) and vmfork's CA (package broker).
 	dirBroker = "broker"

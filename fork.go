@@ -466,7 +466,7 @@ type childOutcome struct {
 }
 
 // startChildren starts plan p's reserved children, at most p.req.Parallel
-// at once.
+// at once and fewer on a busy host (pace.go).
 func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*Machine) []childOutcome {
 	req, tpl, live := p.req, p.tpl, p.live()
 	parallel := req.Parallel
@@ -484,7 +484,8 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 		members = mg.takePool(ctx, tpl, len(children))
 	}
 	out := make([]childOutcome, len(children))
-	sem := make(chan struct{}, parallel)
+	// At most parallel at once, fewer while the CPUs are contended (pace.go).
+	pace := newPacer(parallel, mg.host())
 	var wg sync.WaitGroup
 	ident := req.Identity
 	ident.forkNonce = newUUID()
@@ -499,8 +500,10 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			// Without a slot (ctx ended) the child fails at once, cleaned up.
+			if pace.acquire(ctx) == nil {
+				defer pace.release()
+			}
 			out[i] = mg.startChild(ctx, p.forker, cs)
 		}()
 	}

@@ -52,6 +52,8 @@ type forkPlan struct {
 	children []PlannedChild
 	// contract is the children's: the request's, or inherited.
 	contract *contract.Contract
+	// admission is what the fork will take of the host (admission.go).
+	admission *Admission
 }
 
 // names returns the children's names.
@@ -77,8 +79,21 @@ func (p *forkPlan) live() bool {
 
 // planFork resolves req's source (a machine, a kept template, a hibernated
 // machine, or a foreign one the driver can adopt), takes its lock in l,
-// and validates the request. It changes nothing.
+// validates the request and admits it: the host must have room for what
+// the children and the freeze will take (admission.go). It changes nothing.
 func (mg *Manager) planFork(ctx context.Context, req ForkRequest, l *lockSet) (*forkPlan, error) {
+	p, err := mg.resolveFork(ctx, req, l)
+	if err != nil {
+		return nil, err
+	}
+	if p.admission, err = mg.admit(mg.forkDemand(p)); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// resolveFork is planFork but for admission.
+func (mg *Manager) resolveFork(ctx context.Context, req ForkRequest, l *lockSet) (*forkPlan, error) {
 	forker, ok := mg.Driver.(Forker)
 	if !ok {
 		return nil, fmt.Errorf("fork %q: driver %q: %w", req.Source, mg.Driver.Name(), ErrUnsupported)
@@ -269,6 +284,10 @@ func (p *forkPlan) render() *Plan {
 		out.add("%s", describeContract(p.contract))
 	}
 	out.Contract = p.contract
+	if p.admission != nil {
+		out.add("%s", p.admission.describe())
+		out.Admission = p.admission
+	}
 	for _, c := range p.children {
 		out.add("start child %q (identity %s, hostname %q); its network link goes up once its identity is set", c.Name, p.req.Identity.Spec.Mode(), c.Hostname)
 	}

@@ -79,6 +79,8 @@ type keepPlan struct {
 	// live: src runs, and its instant (memory and all) is kept; else only
 	// its disk.
 	live bool
+	// admission is what the freeze and the pool will take (admission.go).
+	admission *Admission
 }
 
 // planKeep checks a save of machine req.Source as template req.Name, taking
@@ -120,7 +122,18 @@ func (mg *Manager) planKeep(ctx context.Context, verb string, req KeepRequest, l
 	if err := mg.checkContract(ctx, verb, src.Name, src, req.Contract); err != nil {
 		return nil, err
 	}
-	return &keepPlan{command: "template save", req: req, forker: forker, src: src, live: live}, nil
+	p := &keepPlan{command: "template save", req: req, forker: forker, src: src, live: live}
+	if live {
+		d := mg.childDemand(fmt.Sprintf("%s %q", verb, src.Name), "pool members", src, req.Pool, true)
+		d.disk += freezeDisk
+		if !src.Paths.RAMShared {
+			d.memDir += allocated(src.Paths.RAM) // the frozen file is copied (sharedmem)
+		}
+		if p.admission, err = mg.admit(d); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
 }
 
 // Keep freezes machine req.Source into a template kept as req.Name and
@@ -161,6 +174,10 @@ func (p *keepPlan) render() *Plan {
 	if req.Contract != nil {
 		out.Contract = req.Contract
 		out.add("give the template's children this contract: %s", strings.TrimPrefix(describeContract(req.Contract), "enforce the contract: "))
+	}
+	if p.admission != nil {
+		out.add("%s", p.admission.describe())
+		out.Admission = p.admission
 	}
 	return out
 }
@@ -236,6 +253,8 @@ type keptPlan struct {
 	t    *Template
 	size int            // template pool: the new pool size
 	st   TemplateStatus // what the template holds and serves now
+	// admission is what a bigger pool's new members will take.
+	admission *Admission
 }
 
 // planKept resolves kept template name for verb, taking its lock in l.
@@ -280,6 +299,12 @@ func (mg *Manager) planPool(ctx context.Context, name string, size int, l *lockS
 		// this host before starting any (compat.go).
 		if err := mg.CheckTemplate(ctx, p.t); err != nil {
 			return nil, fmt.Errorf("template %q: %w", name, err)
+		}
+		if size > p.st.Pooled {
+			var err error
+			if p.admission, err = mg.admit(mg.poolDemand(p.t, size-p.st.Pooled)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return p, nil
@@ -346,6 +371,10 @@ func (p *keptPlan) render() *Plan {
 		}
 		if p.size != p.t.PoolSize {
 			out.add("record template %q's pool size as %d (was %d)", name, p.size, p.t.PoolSize)
+		}
+		if p.admission != nil {
+			out.add("%s", p.admission.describe())
+			out.Admission = p.admission
 		}
 		out.Changed = len(out.Actions) > 0
 		return out

@@ -26,6 +26,11 @@ type Manager struct {
 	// is registered with while its QEMU runs; nil leaves the ports
 	// unanswered.
 	Ledger FamilyLedger
+	// Host is what admission reads of the host (admission.go); nil: this
+	// machine's /proc and file systems.
+	Host HostProbe
+	// Admission is the admission policy (--overcommit).
+	Admission AdmissionPolicy
 	// hostKeys makes the SSH host keys of this Manager's fork children.
 	// Their types are in the template's facts, so each child's keys are
 	// started before its QEMU (preFork starts the first's earlier still).

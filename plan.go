@@ -53,6 +53,9 @@ type Plan struct {
 	Machines []string `json:"machines,omitempty"`
 	// Contract is the contract the machines made would have.
 	Contract *contract.Contract `json:"contract,omitempty"`
+	// Admission is what the new machines would take of the host, and what
+	// it has (admission.go).
+	Admission *Admission `json:"admission,omitempty"`
 }
 
 // PlannedChild is one child a fork would make.

@@ -2,6 +2,7 @@ package vmfork
 
 import (
 	"context"
+	"errors"
 	"github.com/vmfork/vmfork/contract"
 	"os"
 	"path/filepath"
@@ -23,6 +24,9 @@ import (
 func parityState(t *testing.T) *Manager {
 	t.Helper()
 	mg, _ := newHibManager(t)
+	// An 8 GiB host with 6 GiB available: room for the good rows, not for
+	// the admission rows' hundred children (admission.go).
+	mg.Host = hostOf(mg.Store, 8*gib, 6*gib)
 	for _, n := range []string{"web", "db", "sleepy", "other"} {
 		bootFake(t, mg, n)
 	}
@@ -284,6 +288,14 @@ var badParity = []parityRow{
 	checkpointRow("checkpoint with a contract the driver cannot enforce", CheckpointRequest{Machine: "web", Contract: dnsNone}),
 	bootContractRow("boot with a contract the driver cannot enforce", "new", kernelSpec, dnsNone),
 	exploreRow("explore with a contract the driver cannot enforce", ExploreRequest{Source: "web", Tries: []string{"true"}, Contract: dnsNone}),
+	// Admission: 100 x 256 MiB is more than (6 GiB - a reserve) x 2.
+	forkRow("fork the host has no room for", ForkRequest{Source: "web", Count: 100}),
+	forkRow("fork of a kept template the host has no room for", ForkRequest{Source: "golden", Count: 100}),
+	forkRow("fork of a hibernated machine the host has no room for", ForkRequest{Source: "sleepy", Count: 100}),
+	forkRow("fork of a stopped machine the host has no room for", ForkRequest{Source: "db", Count: 100}),
+	exploreRow("explore the host has no room for", ExploreRequest{Source: "web", Tries: slices.Repeat([]string{"true"}, 100), MaxChildren: 128}),
+	poolRow("pool the host has no room for", "golden", 60),
+	keepRow("save with a pool the host has no room for", KeepRequest{Source: "web", Name: "t2", Pool: 60}),
 }
 
 // dnsNone is a contract the hibernating fake driver cannot enforce.
@@ -335,6 +347,8 @@ func TestPlanParity(t *testing.T) {
 		switch {
 		case !good && (perr == nil || aerr == nil || perr.Error() != aerr.Error()):
 			t.Fatalf("dry run: %v; real run: %v; want the same error", perr, aerr)
+		case !good && strings.Contains(r.name, "no room") && !errors.Is(aerr, ErrNoRoom):
+			t.Fatalf("refused with %v, want admission's ErrNoRoom", aerr)
 		case !good:
 			// The real run may leave the lock files it took (flock files,
 			// made once per name and kept), and nothing else.

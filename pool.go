@@ -143,6 +143,13 @@ func (mg *Manager) fillPool(ctx context.Context, t *Template) error {
 		}
 		live++
 	}
+	// A refill after a fork is admitted as a fork is: on a host without
+	// room the pool stays short, and the forks of it start cold.
+	if live < t.PoolSize {
+		if _, err := mg.admit(mg.poolDemand(t, t.PoolSize-live)); err != nil {
+			return fmt.Errorf("template %q: fill the warm pool: %w", t.Name, err)
+		}
+	}
 	var errs []error
 	for ; live < t.PoolSize; live++ {
 		if err := mg.startPoolMember(ctx, pooler, t); err != nil {
@@ -328,4 +335,11 @@ func (mg *Manager) repairPool(ctx context.Context, t *Template) {
 		}
 	}
 	mg.sweepPool(t.ID)
+}
+
+// poolDemand estimates n new warm-pool members of kept template t: each
+// becomes a child of t's source, and is counted as one.
+func (mg *Manager) poolDemand(t *Template, n int) demand {
+	src := &Machine{Name: t.Source, Spec: t.Spec}
+	return mg.childDemand(fmt.Sprintf("template pool %q", t.Name), "pool members", src, n, true)
 }

@@ -81,6 +81,11 @@ func planEach(command string, names []string, plan func(name string) (*Plan, err
 
 // stopLocked stops m, whose lock the caller holds, and records it stopped.
 func (mg *Manager) stopLocked(ctx context.Context, m *Machine, force bool) error {
+	// What a child made private outlives it: the next fork of its source
+	// is admitted on it (admission.go).
+	if m.State == StateRunning {
+		mg.noteUsage(m)
+	}
 	if err := mg.Driver.Stop(ctx, m, force); err != nil {
 		return fmt.Errorf("stop %q: %w", m.Name, err)
 	}

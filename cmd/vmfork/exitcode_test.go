@@ -33,6 +33,8 @@ func TestExitCode(t *testing.T) {
 		{"partial", wrap(vmfork.ErrPartial), exitPartial},
 		{"not found", wrap(vmfork.ErrNotFound), exitNotFound},
 		{"joined not found", errors.Join(errors.New("first"), wrap(vmfork.ErrNotFound)), exitNotFound},
+		{"no room", wrap(vmfork.ErrNoRoom), exitNoRoom},
+		{"partial wins over no room", wrap(fmt.Errorf("%w: %w", vmfork.ErrNoRoom, vmfork.ErrPartial)), exitPartial},
 		{"exec passes the guest's code", exitError{code: 42}, 42},
 		{"exec's code wrapped", wrap(exitError{code: 7}), 7},
 		{"partial wins over not found", wrap(fmt.Errorf("%w: %w", vmfork.ErrPartial, vmfork.ErrNotFound)), exitPartial},

@@ -51,6 +51,12 @@ var globalFlags = []cli.Flag{
 		Value:   "info",
 		EnvVars: []string{"VMFORK_LOG_LEVEL"},
 	},
+	&cli.StringFlag{
+		Name: "overcommit",
+		Usage: "admission: the RAM new machines are estimated to take may be up to RATIO times what the host can give " +
+			"(its available memory less a reserve); off: no check (default " + fmt.Sprint(vmfork.DefaultOvercommit) + ")",
+		EnvVars: []string{"VMFORK_OVERCOMMIT"},
+	},
 	&cli.DurationFlag{
 		Name:    "timeout",
 		Usage:   "give up on the whole command after this long (0: no limit)",
@@ -98,6 +104,10 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	admission, err := vmfork.ParseOvercommit(cliCtx.String("overcommit"))
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--%w", err)}
+	}
 	store, err := vmfork.OpenStore(cliCtx.String("state-dir"), cliCtx.String("mem-dir"))
 	if err != nil {
 		return nil, err
@@ -115,6 +125,7 @@ func newManager(cliCtx *cli.Context) (*vmfork.Manager, error) {
 		}
 	}
 	mg := vmfork.NewManager(store, driver, log)
+	mg.Admission = admission
 	mg.Reaper = reaperStarter(cliCtx)
 	mg.Broker = brokerClient(cliCtx)
 	// Every machine's ledger port is served by `vmfork ledger-server`,

@@ -21,6 +21,7 @@ const (
 	exitUsage    = 2
 	exitPartial  = 3
 	exitNotFound = 4
+	exitNoRoom   = 5
 )
 
 const exitCodesHelp = `EXIT CODES:
@@ -29,6 +30,8 @@ const exitCodesHelp = `EXIT CODES:
    2  bad input (usage, invalid name or value); nothing was changed
    3  partial success (a fork where only some children came up)
    4  no such machine or template
+   5  refused by admission: the host lacks the memory, mem-dir space or disk
+      the new machines would take (--overcommit); nothing was changed
    exec exits with the guest command's own exit code.`
 
 // exitError carries an exit code chosen by a command (exec passes the guest
@@ -76,6 +79,8 @@ func exitCode(err error) int {
 		return exitPartial
 	case errors.Is(err, vmfork.ErrNotFound):
 		return exitNotFound
+	case errors.Is(err, vmfork.ErrNoRoom):
+		return exitNoRoom
 	}
 	return exitFailure
 }

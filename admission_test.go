@@ -1,0 +1,236 @@
+package vmfork
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// fakeHost is a HostProbe of a given size: no guest, no /proc.
+type fakeHost struct {
+	mu           sync.Mutex
+	total, avail int64
+	space        map[string]DirSpace // by directory; others: 100 GiB free
+	private      map[string]int64    // by machine name
+	cpu          float64
+	cpuOK        bool
+}
+
+const gib = int64(1) << 30
+
+// hostOf returns a fake host with total and avail bytes of memory, plenty of
+// disk and a tmpfs mem dir as big as its memory.
+func hostOf(s *Store, total, avail int64) *fakeHost {
+	return &fakeHost{total: total, avail: avail, private: map[string]int64{}, space: map[string]DirSpace{
+		s.MemDir: {Free: total, Size: total, Tmpfs: true},
+	}}
+}
+
+func (h *fakeHost) Memory() (int64, int64, error) { return h.total, h.avail, nil }
+func (h *fakeHost) Space(dir string) (DirSpace, error) {
+	if s, ok := h.space[dir]; ok {
+		return s, nil
+	}
+	return DirSpace{Free: 100 * gib, Size: 200 * gib}, nil
+}
+func (h *fakeHost) PrivateRAM(m *Machine) (int64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n, ok := h.private[m.Name]
+	return n, ok
+}
+func (h *fakeHost) CPUPressure() (float64, bool) { return h.cpu, h.cpuOK }
+
+// thisHost is the host of issue 29: 24 GiB, 21.5 GiB of it available.
+func thisHost(s *Store) *fakeHost { return hostOf(s, 24*gib, 43*gib/2) }
+
+// TestAdmissionBursts: the default policy lets 100 children of a 256 MiB
+// guest through on a 24 GiB host when none was measured yet, and refuses
+// 100 children of a source whose children each made 512 MiB private, before
+// anything is paused or made; what a child made outlives it.
+func TestAdmissionBursts(t *testing.T) {
+	mg, d := newTestManager(t)
+	h := thisHost(mg.Store)
+	mg.Host = h
+	bootFake(t, mg, "web")
+	ctx := t.Context()
+	p, err := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 100})
+	if err != nil {
+		t.Fatalf("100 x 256 MiB, nothing measured: %v; want admitted", err)
+	}
+	if a := p.Admission; a == nil || a.RAMBasis != basisGuest || a.RAMBytes != 100*256<<20 || !a.Checked {
+		t.Fatalf("admission %+v: want 25 GiB of guest RAM, checked", a)
+	}
+	if _, err := mg.Fork(ctx, ForkRequest{Source: "web", Count: 1, Identity: quietChain}); err != nil {
+		t.Fatal(err)
+	}
+	h.private["web-1"] = 512 << 20
+	before := stateTree(t, mg.Store)
+	freezes := d.freezeSeen
+	_, perr := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 100})
+	_, err = mg.Fork(ctx, ForkRequest{Source: "web", Count: 100, Identity: quietChain})
+	if !errors.Is(err, ErrNoRoom) || perr == nil || perr.Error() != err.Error() {
+		t.Fatalf("100 children of 512 MiB each: dry run %v, real run %v; want the same ErrNoRoom", perr, err)
+	}
+	for _, want := range []string{`fork "web": not enough room: memory: 100 children need about 50.0 GiB (512 MiB each: the most any of 1 earlier children of "web" made private)`, "short", "--overcommit"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error is not one line: %q", err)
+	}
+	if got := withoutLocks(stateTree(t, mg.Store)); got != withoutLocks(before) || d.freezeSeen != freezes || d.paused["web"] {
+		t.Errorf("the refused fork changed something: froze %d times, paused %v\n%s\nwant\n%s", d.freezeSeen-freezes, d.paused["web"], got, before)
+	}
+	// Gone, the child is still counted: rm keeps what it made.
+	if err := mg.Remove(ctx, "web-1", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 100}); !errors.Is(err, ErrNoRoom) {
+		t.Errorf("after rm of the measured child: %v, want ErrNoRoom", err)
+	}
+	// A smaller fork fits; the estimate says where it comes from.
+	p, err = mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 10})
+	if err != nil || p.Admission.RAMBasis != basisMeasured || p.Admission.RAMEachBytes != 512<<20 {
+		t.Fatalf("10 children: %v, %+v; want admitted on the measured 512 MiB", err, p)
+	}
+	if a := strings.Join(p.Actions, "\n"); !strings.Contains(a, "take about 5.0 GiB of RAM for 10 new QEMU processes (512 MiB each, measured on 1 earlier children)") {
+		t.Errorf("plan says %q", a)
+	}
+	// The policy decides: off lets anything through, with the estimate.
+	mg.Admission = AdmissionPolicy{Off: true}
+	if p, err := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 100}); err != nil || p.Admission.Checked {
+		t.Errorf("--overcommit off: %v, %+v; want admitted, unchecked", err, p)
+	}
+}
+
+// TestAdmissionOvercommit: the ratio scales what the host can give.
+func TestAdmissionOvercommit(t *testing.T) {
+	mg, _ := newTestManager(t)
+	mg.Host = thisHost(mg.Store)
+	bootFake(t, mg, "web")
+	for _, c := range []struct {
+		ratio float64
+		count int
+		ok    bool
+	}{
+		{0, 100, true},    // default 2: 25 GiB of (21.5-1.2)*2
+		{1, 100, false},   // 25 GiB > 20.3 GiB
+		{1, 80, true},     // 20 GiB
+		{0.5, 40, true},   // 10 GiB
+		{0.5, 41, false},  // 10.25 GiB > 10.15 GiB
+		{100, 128, true},  //
+		{0.01, 1, false},  // 256 MiB > 208 MiB
+		{0.02, 1, true},   // 416 MiB
+		{1.5, 100, true},  // 30.4 GiB
+		{1.2, 100, false}, // 24.4 GiB
+	} {
+		mg.Admission = AdmissionPolicy{Overcommit: c.ratio}
+		_, err := mg.PlanFork(t.Context(), ForkRequest{Source: "web", Count: c.count})
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrNoRoom)) {
+			t.Errorf("overcommit %g, %d children: %v; want admitted %v", c.ratio, c.count, err, c.ok)
+		}
+	}
+}
+
+// TestAdmissionSpace: the mem dir and the state dir are checked too, each
+// named with what it lacks.
+func TestAdmissionSpace(t *testing.T) {
+	mg, _ := newTestManager(t)
+	h := thisHost(mg.Store)
+	mg.Host = h
+	bootFake(t, mg, "db")
+	if _, err := mg.Stop(t.Context(), "db", true); err != nil {
+		t.Fatal(err)
+	}
+	// A stopped source's children boot: their RAM files go to the mem dir.
+	h.space[mg.Store.MemDir] = DirSpace{Free: 1 * gib, Size: 2 * gib, Tmpfs: true}
+	_, err := mg.PlanFork(t.Context(), ForkRequest{Source: "db", Count: 8})
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "mem dir "+mg.Store.MemDir+": needs 2.0 GiB, has 922 MiB free above a 103 MiB reserve: 1.1 GiB short") {
+		t.Errorf("8 booting children, 1 GiB of mem dir: %v", err)
+	}
+	h.space[mg.Store.StateDir] = DirSpace{Free: 20 << 20, Size: 1 * gib}
+	_, err = mg.PlanFork(t.Context(), ForkRequest{Source: "db", Count: 2})
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "state dir "+mg.Store.StateDir+": needs 2 MiB, has 0 MiB free above a 52 MiB reserve") {
+		t.Errorf("20 MiB of state dir: %v", err)
+	}
+	// The policy's ratio is for RAM only: space is never overcommitted.
+	mg.Admission = AdmissionPolicy{Overcommit: 100}
+	if _, err := mg.PlanFork(t.Context(), ForkRequest{Source: "db", Count: 2}); !errors.Is(err, ErrNoRoom) {
+		t.Errorf("overcommit 100, no disk: %v, want ErrNoRoom", err)
+	}
+}
+
+// TestAdmissionPool: a bigger warm pool is admitted as its members would
+// be forked.
+func TestAdmissionPool(t *testing.T) {
+	mg, _ := newPoolManager(t)
+	bootFake(t, mg, "web")
+	if _, err := mg.Keep(t.Context(), KeepRequest{Source: "web", Name: "golden"}); err != nil {
+		t.Fatal(err)
+	}
+	mg.Host = hostOf(mg.Store, 8*gib, 2*gib)
+	_, err := mg.PlanPool(t.Context(), "golden", 20)
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), `template pool "golden": not enough room: memory: 20 pool members need about 5.0 GiB`) {
+		t.Errorf("pool of 20 on 2 GiB available: %v", err)
+	}
+	if _, err := mg.SetPool(t.Context(), "golden", 2); err != nil {
+		t.Errorf("pool of 2: %v", err)
+	}
+	_, err = mg.Keep(t.Context(), KeepRequest{Source: "web", Name: "t2", Pool: 20})
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), `keep "web": not enough room`) {
+		t.Errorf("template save with a pool of 20: %v", err)
+	}
+}
+
+func TestParseOvercommit(t *testing.T) {
+	for in, want := range map[string]AdmissionPolicy{
+		"": {}, "off": {Off: true}, "1": {Overcommit: 1}, "2.5": {Overcommit: 2.5}, "100": {Overcommit: 100}, "0.1": {Overcommit: 0.1},
+	} {
+		if got, err := ParseOvercommit(in); err != nil || got != want {
+			t.Errorf("ParseOvercommit(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"0", "-1", "abc", "NaN", "101", "Inf", "1,5", "on"} {
+		if _, err := ParseOvercommit(in); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseOvercommit(%q): %v, want ErrInvalid", in, err)
+		}
+	}
+}
+
+func TestHostParsers(t *testing.T) {
+	total, avail, err := parseMeminfo([]byte("MemTotal:       24683584 kB\nMemFree:        23205444 kB\nMemAvailable:   24083068 kB\n"))
+	if err != nil || total != 24683584<<10 || avail != 24083068<<10 {
+		t.Errorf("parseMeminfo: %d %d %v", total, avail, err)
+	}
+	if _, _, err := parseMeminfo([]byte("MemTotal: 1 kB\n")); err == nil {
+		t.Error("parseMeminfo without MemAvailable: no error")
+	}
+	pct, ok := parseCPUPressure([]byte("some avg10=63.20 avg60=40.01 avg300=12.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"))
+	if !ok || pct != 63.2 {
+		t.Errorf("parseCPUPressure: %v %v", pct, ok)
+	}
+	if _, ok := parseCPUPressure([]byte("")); ok {
+		t.Error("parseCPUPressure of nothing: ok")
+	}
+}
+
+// TestPacedParallel: CPU pressure slows a fork's start down, never below
+// one child at a time.
+func TestPacedParallel(t *testing.T) {
+	for _, c := range []struct {
+		parallel int
+		pct      float64
+		ok       bool
+		want     int
+	}{
+		{4, 0, false, 4}, {4, 10, true, 4}, {4, 39.9, true, 4}, {4, 40, true, 2}, {4, 79, true, 2},
+		{4, 80, true, 1}, {4, 100, true, 1}, {1, 60, true, 1}, {8, 50, true, 4},
+	} {
+		if got := pacedParallel(c.parallel, c.pct, c.ok); got != c.want {
+			t.Errorf("pacedParallel(%d, %v, %v) = %d, want %d", c.parallel, c.pct, c.ok, got, c.want)
+		}
+	}
+}
