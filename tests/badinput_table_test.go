@@ -42,7 +42,7 @@ func runBadCases(t *testing.T, e *env, cases []badCase, after func(t *testing.T)
 
 // TestBadInputTable is the bad-input table of issue 12: names, counts, sizes,
 // ports, flags, files and records, each refused with one line and exit 2
-// (4 for a name that does not exist), changing nothing.
+// (4 for a name that does not exist, 5 for what admission refuses), changing nothing.
 func TestBadInputTable(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
@@ -126,8 +126,14 @@ func TestBadInputTable(t *testing.T) {
 		{"mcp ttl above ttl-max", []string{"mcp", "--source", "web", "--ttl", "3h", "--ttl-max", "1h"}, 2, "at most --ttl-max"},
 		{"mcp http without a token", []string{"mcp", "--source", "web", "--listen", "127.0.0.1:0"}, 2, "needs a bearer token"},
 		{"mcp contract missing", []string{"mcp", "--source", "web", "--contract", filepath.Join(dir, "nope.yaml")}, 2, "--contract"},
+		{"overcommit not a ratio", boot("o", "--overcommit", "lots"), 2, `--overcommit "lots": want a ratio above 0`},
+		{"overcommit zero", boot("o", "--overcommit", "0"), 2, `--overcommit "0": want a ratio`},
+		{"overcommit too big", []string{"--overcommit", "101", "ls"}, 2, `--overcommit "101": want a ratio`},
 	}
 	runBadCases(t, e, cases, func(t *testing.T) { assertNothingCreated(t, e) })
+	runBadCases(t, e.withEnv("VMFORK_OVERCOMMIT=1.5x"), []badCase{
+		{"overcommit env not a ratio", boot("o"), 2, `--overcommit "1.5x": want a ratio`},
+	}, func(t *testing.T) { assertNothingCreated(t, e) })
 
 	// With a running source: every bad fork, template or exec line is
 	// refused before the source pauses; the source keeps running, answers
@@ -161,6 +167,14 @@ func TestBadInputTable(t *testing.T) {
 		{"exec bad env", []string{"exec", "src", "--env", "NOEQUALS", "--", "true"}, 2, "NOEQUALS"},
 		{"fork qemu binary missing", []string{"fork", "src", "--qemu", noQEMU}, 2, "does not exist"},
 		{"template save qemu binary missing", []string{"template", "save", "src", "tpl", "--qemu", noQEMU}, 2, "does not exist"},
+		// Admission (issue 29): refused before the source pauses, exit 5.
+		{"fork the host has no room for", []string{"fork", "src", "--count", "100", "--overcommit", "0.01"}, 5,
+			`fork "src": not enough room: memory: 100 children need about`},
+		{"fork dry run the host has no room for", []string{"fork", "src", "--count", "100", "--dry-run", "--overcommit", "0.01"}, 5,
+			`fork "src": not enough room: memory: 100 children need about`},
+		{"template save with a pool the host has no room for", []string{"template", "save", "src", "tpl", "--pool", "60", "--overcommit", "0.01"}, 5,
+			`keep "src": not enough room: memory: 60 pool members`},
+		{"fork overcommit bad", []string{"fork", "src", "--overcommit", "-"}, 2, `--overcommit "-"`},
 	}
 	runBadCases(t, e, forkCases, func(t *testing.T) {
 		t.Helper()
