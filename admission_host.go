@@ -30,6 +30,9 @@ type HostProbe interface {
 	// task waited for a CPU (/proc/pressure/cpu, "some avg10"), from 0 to
 	// 100; ok is false where the kernel has no pressure stall information.
 	CPUPressure() (pct float64, ok bool)
+	// CPUTicks returns the CPU time process pid has used, in clock ticks;
+	// ok is false when it is gone.
+	CPUTicks(pid int) (ticks int64, ok bool)
 }
 
 // DirSpace is a file system's space.
@@ -133,4 +136,33 @@ func parseCPUPressure(data []byte) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+func (procHost) CPUTicks(pid int) (int64, bool) {
+	if pid <= 0 {
+		return 0, false
+	}
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	return parseStatTicks(data)
+}
+
+// parseStatTicks returns utime+stime of a /proc/PID/stat.
+func parseStatTicks(data []byte) (int64, bool) {
+	// The command name (field 2) may hold spaces: fields count from the
+	// last ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(data[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	return u + s, err1 == nil && err2 == nil
 }

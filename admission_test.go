@@ -15,6 +15,7 @@ type fakeHost struct {
 	private      map[string]int64    // by machine name
 	cpu          float64
 	cpuOK        bool
+	ticks        int64
 }
 
 const gib = int64(1) << 30
@@ -41,6 +42,12 @@ func (h *fakeHost) PrivateRAM(m *Machine) (int64, bool) {
 	return n, ok
 }
 func (h *fakeHost) CPUPressure() (float64, bool) { return h.cpu, h.cpuOK }
+func (h *fakeHost) CPUTicks(pid int) (int64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ticks += 10 // a guest that runs
+	return h.ticks, pid != 0
+}
 
 // thisHost is the host of issue 29: 24 GiB, 21.5 GiB of it available.
 func thisHost(s *Store) *fakeHost { return hostOf(s, 24*gib, 43*gib/2) }
@@ -208,6 +215,9 @@ func TestHostParsers(t *testing.T) {
 	if _, _, err := parseMeminfo([]byte("MemTotal: 1 kB\n")); err == nil {
 		t.Error("parseMeminfo without MemAvailable: no error")
 	}
+	if n, ok := parseStatTicks([]byte("1234 (qemu system) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 70 0 0 20 0 3 0 12 0 0")); !ok || n != 320 {
+		t.Errorf("parseStatTicks: %d %v, want 320", n, ok)
+	}
 	pct, ok := parseCPUPressure([]byte("some avg10=63.20 avg60=40.01 avg300=12.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"))
 	if !ok || pct != 63.2 {
 		t.Errorf("parseCPUPressure: %v %v", pct, ok)
@@ -232,5 +242,29 @@ func TestPacedParallel(t *testing.T) {
 		if got := pacedParallel(c.parallel, c.pct, c.ok); got != c.want {
 			t.Errorf("pacedParallel(%d, %v, %v) = %d, want %d", c.parallel, c.pct, c.ok, got, c.want)
 		}
+	}
+}
+
+// TestSlowGuest: a guest is slow, not dead, while its QEMU runs on a host
+// whose CPUs are contended; on an idle host, or gone, it is not.
+func TestSlowGuest(t *testing.T) {
+	mg, _ := newTestManager(t)
+	h := thisHost(mg.Store)
+	mg.Host = h
+	slow := mg.slowGuest(&Machine{Name: "c", PID: 42})
+	if slow() {
+		t.Error("no pressure information: slow")
+	}
+	h.cpu, h.cpuOK = 90, true
+	if !slow() {
+		t.Error("busy host, guest runs: not slow")
+	}
+	h.cpu = 10
+	if slow() {
+		t.Error("idle host: slow")
+	}
+	h.cpu = 90
+	if mg.slowGuest(&Machine{Name: "gone"})() {
+		t.Error("no process: slow")
 	}
 }

@@ -235,6 +235,8 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 		Agent:    agent,
 		HostKeys: &mg.hostKeys,
 		StepDone: traceOf(ctx).stepDone(c.Name),
+		// On a busy host a late guest is slow, not dead (pace.go).
+		Slow: mg.slowGuest(c),
 		Child: customize.Child{
 			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,
 			Mode: spec.Mode(), MAC: c.GuestMAC, OldMACs: mg.inheritedMACs(c, tpl),

@@ -86,3 +86,23 @@ func (p *pacer) release() {
 	p.running--
 	p.mu.Unlock()
 }
+
+// slowGuest says, for a step whose time ran out in child c, whether c is
+// slow rather than dead: its QEMU got CPU time since the last question (the
+// guest runs), on a host whose CPUs are contended (it runs slowly). A guest
+// on an idle host, or one whose QEMU no longer runs, is not slow.
+func (mg *Manager) slowGuest(c *Machine) func() bool {
+	h := mg.host()
+	last, _ := h.CPUTicks(c.PID)
+	return func() bool {
+		now, ok := h.CPUTicks(c.PID)
+		ran := ok && now > last
+		last = now
+		pct, pok := h.CPUPressure()
+		slow := ran && pok && pct >= pressureHalf
+		if slow {
+			mg.Log.WithField("machine", c.Name).WithField("cpu_pressure_pct", pct).Info("the guest is slow on a busy host: its step gets more time")
+		}
+		return slow
+	}
+}

@@ -203,8 +203,10 @@ func runBatch(ctx context.Context, env *Env, items []batchItem) ([]partOutcome, 
 		}
 	}
 	bctx, cancel := ctx, context.CancelFunc(func() {})
+	var stretch *stretchContext
 	if budget > 0 {
-		bctx, cancel = context.WithTimeout(ctx, budget)
+		stretch, cancel = withStretch(ctx, budget, env.Slow)
+		bctx = stretch
 	}
 	defer cancel()
 	status := statusFile
@@ -224,7 +226,7 @@ func runBatch(ctx context.Context, env *Env, items []batchItem) ([]partOutcome, 
 	})
 	if err != nil {
 		running := 1
-		if errors.Is(bctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		if stretch != nil && stretch.Err() == context.DeadlineExceeded && ctx.Err() == nil {
 			// Which part was running: the status file, read with the
 			// agent's file calls (no process), under a short deadline of
 			// its own.
@@ -235,7 +237,7 @@ func runBatch(ctx context.Context, env *Env, items []batchItem) ([]partOutcome, 
 				}
 			}
 			rcancel()
-			err = fmt.Errorf("timed out after %v: %w", items[running-1].step.Timeout, err)
+			err = fmt.Errorf("timed out after %v: %w", items[running-1].step.Timeout*time.Duration(1+stretch.Stretched()), err)
 		}
 		return nil, running, err
 	}

@@ -72,6 +72,12 @@ type Env struct {
 	// Now is the host clock; nil means time.Now. Tests inject one.
 	Now func() time.Time
 
+	// Slow, if set, says whether the guest is slow rather than dead: it
+	// still makes progress on a host too busy to run it at speed. A step
+	// whose time runs out while Slow says so gets its timeout again, up to
+	// MaxStretch times (stretch.go).
+	Slow func() bool
+
 	// StepDone, if set, is called with each step's result as soon as the
 	// step has ended (the steps of a batch once the batch has), so that a
 	// caller can report progress. It must return quickly.
@@ -283,6 +289,9 @@ type StepResult struct {
 	// step, such as a hook.
 	ExitCode   *int   `json:"exit_code,omitempty"`
 	StderrTail string `json:"stderr_tail,omitempty"`
+	// Stretched is how many times the step's timeout was renewed because
+	// the guest was slow, not dead (Env.Slow).
+	Stretched int `json:"stretched,omitempty"`
 }
 
 // Result is what a chain did in one child.
@@ -357,8 +366,10 @@ func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
 
 func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
 	sctx, cancel := ctx, context.CancelFunc(func() {})
+	var stretch *stretchContext
 	if s.Timeout > 0 {
-		sctx, cancel = context.WithTimeout(ctx, s.Timeout)
+		stretch, cancel = withStretch(ctx, s.Timeout, env.Slow)
+		sctx = stretch
 	}
 	defer cancel()
 	env.detail = ""
@@ -366,6 +377,9 @@ func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
 	err := s.Fn(sctx, env)
 	sr := StepResult{Name: s.Name, Status: StatusOK, DurationMS: ms(env.now().Sub(t0)), Detail: env.detail}
 	var skip *skipError
+	if stretch != nil && stretch.Stretched() > 0 {
+		sr.Stretched = stretch.Stretched()
+	}
 	switch {
 	case err == nil:
 		return sr, nil
@@ -375,8 +389,10 @@ func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
 	}
 	// A step that ran out of its own time says so; the caller's cancel
 	// speaks for itself.
-	if errors.Is(sctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-		err = fmt.Errorf("timed out after %v: %w", s.Timeout, err)
+	if stretch != nil && ctx.Err() == nil {
+		if to, total := stretch.timedOut(s.Timeout); to {
+			err = fmt.Errorf("timed out after %v: %w", total, err)
+		}
 	}
 	err = fmt.Errorf("step %q: %w", s.Name, err)
 	sr.Status, sr.Error = StatusFailed, err.Error()
