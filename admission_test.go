@@ -236,8 +236,8 @@ func TestPacedParallel(t *testing.T) {
 		ok       bool
 		want     int
 	}{
-		{4, 0, false, 4}, {4, 10, true, 4}, {4, 39.9, true, 4}, {4, 40, true, 2}, {4, 79, true, 2},
-		{4, 80, true, 1}, {4, 100, true, 1}, {1, 60, true, 1}, {8, 50, true, 4},
+		{4, 0, false, 4}, {4, 10, true, 4}, {4, 59.9, true, 4}, {4, 60, true, 2}, {4, 89, true, 2},
+		{4, 90, true, 1}, {4, 100, true, 1}, {1, 70, true, 1}, {8, 70, true, 4},
 	} {
 		if got := pacedParallel(c.parallel, c.pct, c.ok); got != c.want {
 			t.Errorf("pacedParallel(%d, %v, %v) = %d, want %d", c.parallel, c.pct, c.ok, got, c.want)
@@ -259,7 +259,7 @@ func TestSlowGuest(t *testing.T) {
 	if !slow() {
 		t.Error("busy host, guest runs: not slow")
 	}
-	h.cpu = 10
+	h.cpu = 30
 	if slow() {
 		t.Error("idle host: slow")
 	}

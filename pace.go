@@ -15,8 +15,8 @@ import (
 
 // Pressure thresholds, in percent of /proc/pressure/cpu's "some avg10".
 const (
-	pressureHalf = 40 // from here, half the parallel
-	pressureOne  = 80 // from here, one child at a time
+	pressureHalf = 60 // from here, half the parallel
+	pressureOne  = 90 // from here, one child at a time
 )
 
 // pacedParallel is how many children start at once at CPU pressure pct,
