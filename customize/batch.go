@@ -193,7 +193,9 @@ const statusFile = "/run/.vmfork-batch"
 // tells: the part that was running is marked with timedOut.
 func runBatch(ctx context.Context, env *Env, items []batchItem) ([]partOutcome, int, error) {
 	var budget time.Duration
+	firm := false
 	for i, it := range items {
+		firm = firm || it.step.firm
 		if it.last || i == len(items)-1 {
 			if it.step.Timeout <= 0 {
 				budget = 0
@@ -205,7 +207,7 @@ func runBatch(ctx context.Context, env *Env, items []batchItem) ([]partOutcome, 
 	bctx, cancel := ctx, context.CancelFunc(func() {})
 	var stretch *stretchContext
 	if budget > 0 {
-		stretch, cancel = withStretch(ctx, budget, env.Slow)
+		stretch, cancel = withStretch(ctx, budget, env.slow(firm))
 		bctx = stretch
 	}
 	defer cancel()

@@ -74,8 +74,9 @@ type Env struct {
 
 	// Slow, if set, says whether the guest is slow rather than dead: it
 	// still makes progress on a host too busy to run it at speed. A step
-	// whose time runs out while Slow says so gets its timeout again, up to
-	// MaxStretch times (stretch.go).
+	// whose default time runs out while Slow says so gets its timeout
+	// again, up to MaxStretch times (stretch.go); a timeout given with
+	// WithTimeout is kept to.
 	Slow func() bool
 
 	// StepDone, if set, is called with each step's result as soon as the
@@ -104,6 +105,14 @@ type Env struct {
 	scriptEnv []string
 }
 
+// slow is Env.Slow for a step, nil for a firm one.
+func (e *Env) slow(firm bool) func() bool {
+	if firm {
+		return nil
+	}
+	return e.Slow
+}
+
 func (e *Env) now() time.Time {
 	if e.Now != nil {
 		return e.Now()
@@ -129,6 +138,9 @@ type Step struct {
 	Parts   PartFunc
 
 	skip string // the reason, for a step made by SkipStep
+	// firm: the timeout was given (WithTimeout: a spec, --step-timeout)
+	// and is kept to; a default one stretches for a slow guest (Env.Slow).
+	firm bool
 }
 
 // Chain is an ordered list of steps. Its methods return a new Chain and
@@ -226,7 +238,7 @@ func (c Chain) WithTimeout(name string, d time.Duration) Chain {
 	if !ok {
 		return c
 	}
-	s.Timeout = d
+	s.Timeout, s.firm = d, true
 	return c.Swap(s)
 }
 
@@ -368,7 +380,7 @@ func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
 	sctx, cancel := ctx, context.CancelFunc(func() {})
 	var stretch *stretchContext
 	if s.Timeout > 0 {
-		stretch, cancel = withStretch(ctx, s.Timeout, env.Slow)
+		stretch, cancel = withStretch(ctx, s.Timeout, env.slow(s.firm))
 		sctx = stretch
 	}
 	defer cancel()

@@ -39,6 +39,11 @@ func TestStretchSlowGuest(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `timed out after 300ms`) || asked.Load() != MaxStretch {
 		t.Errorf("slow for ever: %v after %v, asked %d times; want a timeout after 300ms, asked %d", err, time.Since(start), asked.Load(), MaxStretch)
 	}
+	// A timeout given (a spec, --step-timeout) is kept to.
+	_, err = Run(t.Context(), NewChain(late(130*time.Millisecond)).WithTimeout("late", 50*time.Millisecond), &Env{Slow: func() bool { return true }})
+	if err == nil || !strings.Contains(err.Error(), `timed out after 50ms`) {
+		t.Errorf("a firm timeout: %v", err)
+	}
 	// The caller's cancel is not a timeout.
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
