@@ -168,8 +168,12 @@ func (mg *Manager) admit(d demand) (*Admission, error) {
 		a.RAMAvailableBytes, a.RAMReserveBytes = avail, memReserve(total)
 		can := int64(float64(max(0, avail-a.RAMReserveBytes)) * a.Overcommit)
 		if a.RAMBytes > can {
-			short = append([]string{fmt.Sprintf("memory: %d %s need about %s (%s each: %s), the host can give %s (%s available less a %s reserve, at overcommit %g): %s short",
-				d.machines, d.what, size(a.RAMBytes), size(d.each), d.note, size(can), size(avail), size(a.RAMReserveBytes), a.Overcommit,
+			need := "need"
+			if d.machines == 1 {
+				need = "needs"
+			}
+			short = append([]string{fmt.Sprintf("memory: %d %s %s about %s (%s each: %s), the host can give %s (%s available less a %s reserve, at overcommit %g): %s short",
+				d.machines, d.what, need, size(a.RAMBytes), size(d.each), d.note, size(can), size(avail), size(a.RAMReserveBytes), a.Overcommit,
 				size(a.RAMBytes-can))}, short...)
 		}
 	}
@@ -270,10 +274,10 @@ func (mg *Manager) forkDemand(p *forkPlan) demand {
 	return d
 }
 
-// StartDemand is the hook for a command that starts stopped machine m
-// again from its own disk (vmfork start): it boots, owning its whole RAM.
-// The command's plan calls mg.admit(mg.startDemand(m)) before it changes
-// anything.
+// startDemand estimates a start of stopped machine m from its own disk
+// (vmfork start): it boots, owning its whole RAM. It is the hook for that
+// command's plan, which calls mg.admit(mg.startDemand(m)) before it changes
+// anything and keeps the *Admission for its render, as planFork does.
 func (mg *Manager) startDemand(m *Machine) demand {
 	guest := int64(m.Spec.MemoryMiB) << 20
 	return demand{verb: fmt.Sprintf("start %q", m.Name), what: "machine", machines: 1,

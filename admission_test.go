@@ -268,3 +268,19 @@ func TestSlowGuest(t *testing.T) {
 		t.Error("no process: slow")
 	}
 }
+
+// TestAdmissionStart: the hook for vmfork start counts the machine's whole
+// RAM, in the mem dir.
+func TestAdmissionStart(t *testing.T) {
+	mg, _ := newTestManager(t)
+	mg.Host = hostOf(mg.Store, 8*gib, 1*gib)
+	m := &Machine{Name: "big", Spec: Spec{MemoryMiB: 4096}}
+	_, err := mg.admit(mg.startDemand(m))
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), `start "big": not enough room: memory: 1 machine needs about 4.0 GiB`) {
+		t.Errorf("start of a 4 GiB machine on 1 GiB available: %v", err)
+	}
+	m.Spec.MemoryMiB = 256
+	if a, err := mg.admit(mg.startDemand(m)); err != nil || a.MemDirBytes != 256<<20 || a.RAMBytes != 256<<20 {
+		t.Errorf("start of a 256 MiB machine: %+v, %v", a, err)
+	}
+}
