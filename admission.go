@@ -151,7 +151,7 @@ func (mg *Manager) admit(d demand) (*Admission, error) {
 			a.RAMBytes += d.memDir // its pages are memory
 		}
 		if d.memDir > 0 && d.memDir > mem.Free-dirReserve(mem.Size) {
-			short = append(short, fmt.Sprintf("mem dir %s: needs %s, has %s free above a %s reserve: %s short",
+			short = append(short, fmt.Sprintf("mem dir %s is full for this: it needs %s, has %s free above a %s reserve: %s short",
 				mg.Store.MemDir, size(d.memDir), size(max(0, mem.Free-dirReserve(mem.Size))), size(dirReserve(mem.Size)),
 				size(d.memDir-(mem.Free-dirReserve(mem.Size)))))
 		}
@@ -159,7 +159,7 @@ func (mg *Manager) admit(d demand) (*Admission, error) {
 	if st, err := h.Space(mg.Store.StateDir); err == nil {
 		a.DiskFreeBytes = st.Free
 		if d.disk > st.Free-dirReserve(st.Size) {
-			short = append(short, fmt.Sprintf("state dir %s: needs %s, has %s free above a %s reserve: %s short",
+			short = append(short, fmt.Sprintf("state dir %s is full for this: it needs %s, has %s free above a %s reserve: %s short",
 				mg.Store.StateDir, size(d.disk), size(max(0, st.Free-dirReserve(st.Size))), size(dirReserve(st.Size)),
 				size(d.disk-(st.Free-dirReserve(st.Size)))))
 		}

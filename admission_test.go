@@ -155,12 +155,12 @@ func TestAdmissionSpace(t *testing.T) {
 	// A stopped source's children boot: their RAM files go to the mem dir.
 	h.space[mg.Store.MemDir] = DirSpace{Free: 1 * gib, Size: 2 * gib, Tmpfs: true}
 	_, err := mg.PlanFork(t.Context(), ForkRequest{Source: "db", Count: 8})
-	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "mem dir "+mg.Store.MemDir+": needs 2.0 GiB, has 922 MiB free above a 103 MiB reserve: 1.1 GiB short") {
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "mem dir "+mg.Store.MemDir+" is full for this: it needs 2.0 GiB, has 922 MiB free above a 103 MiB reserve: 1.1 GiB short") {
 		t.Errorf("8 booting children, 1 GiB of mem dir: %v", err)
 	}
 	h.space[mg.Store.StateDir] = DirSpace{Free: 20 << 20, Size: 1 * gib}
 	_, err = mg.PlanFork(t.Context(), ForkRequest{Source: "db", Count: 2})
-	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "state dir "+mg.Store.StateDir+": needs 2 MiB, has 0 MiB free above a 52 MiB reserve") {
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "state dir "+mg.Store.StateDir+" is full for this: it needs 2 MiB, has 0 MiB free above a 52 MiB reserve") {
 		t.Errorf("20 MiB of state dir: %v", err)
 	}
 	// The policy's ratio is for RAM only: space is never overcommitted.

@@ -70,7 +70,10 @@ func TestStateDirFull(t *testing.T) {
 	one, two := e.forkCost("keep", "p1"), e.forkCost("keep", "p2", "p3")
 	child := max(two-one, 4<<10)
 	// Room for two children's worth fails the reservation of all eight;
-	// room for five gets further, into making the children.
+	// room for five got further, into making the children, before
+	// admission (admission.go) refused both up front: the check is that
+	// either way the error names the state dir and leaves only whole
+	// machines.
 	for _, n := range []int64{2, 5} {
 		label := fmt.Sprintf("burst with room for %d", n)
 		filler = e.fill(e.stateDir, n*child)
