@@ -2,6 +2,7 @@ package vmfork
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -282,5 +283,23 @@ func TestAdmissionStart(t *testing.T) {
 	m.Spec.MemoryMiB = 256
 	if a, err := mg.admit(mg.startDemand(m)); err != nil || a.MemDirBytes != 256<<20 || a.RAMBytes != 256<<20 {
 		t.Errorf("start of a 256 MiB machine: %+v, %v", a, err)
+	}
+}
+
+// TestProcHost reads this host: what admission sees on a real one.
+func TestProcHost(t *testing.T) {
+	var h procHost
+	total, avail, err := h.Memory()
+	if err != nil || total <= 0 || avail <= 0 || avail > total {
+		t.Errorf("Memory: %d %d %v", total, avail, err)
+	}
+	if s, err := h.Space(t.TempDir()); err != nil || s.Size <= 0 {
+		t.Errorf("Space: %+v %v", s, err)
+	}
+	if n, ok := h.CPUTicks(os.Getpid()); !ok || n < 0 {
+		t.Errorf("CPUTicks of this process: %d %v", n, ok)
+	}
+	if _, ok := h.PrivateRAM(&Machine{Name: "no-such-machine-here", PID: os.Getpid()}); ok {
+		t.Error("PrivateRAM of a process that is not the machine's: ok")
 	}
 }
