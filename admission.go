@@ -210,7 +210,7 @@ func (a *Admission) describe() string {
 func basisWords(a *Admission) string {
 	switch a.RAMBasis {
 	case basisMeasured:
-		return fmt.Sprintf("measured on %d earlier children", a.Measured)
+		return "measured on " + earlier(a.Measured)
 	case basisBoot:
 		return "they boot fresh"
 	}
@@ -244,7 +244,7 @@ func (mg *Manager) childDemand(verb, what string, src *Machine, n int, live bool
 		d.basis, d.note, d.memDir = basisBoot, "they boot fresh, their RAM files in the mem dir", int64(n)*guest
 	case u.Children > 0:
 		d.each, d.basis, d.measured = u.PrivateBytes, basisMeasured, u.Children
-		d.note = fmt.Sprintf("the most any of %d earlier children of %q made private", u.Children, src.Name)
+		d.note = fmt.Sprintf("the most any of %s of %q made private", earlier(u.Children), src.Name)
 	default:
 		d.each, d.basis = guest, basisGuest
 		d.note = fmt.Sprintf("guest RAM, no child of %q measured yet", src.Name)
@@ -353,4 +353,11 @@ func size(n int64) string {
 	default:
 		return fmt.Sprintf("%.0f MiB", math.Ceil(float64(n)/(1<<20)))
 	}
+}
+
+func earlier(n int) string {
+	if n == 1 {
+		return "1 earlier child"
+	}
+	return fmt.Sprintf("%d earlier children", n)
 }

@@ -81,7 +81,7 @@ func TestAdmissionBursts(t *testing.T) {
 	if !errors.Is(err, ErrNoRoom) || perr == nil || perr.Error() != err.Error() {
 		t.Fatalf("100 children of 512 MiB each: dry run %v, real run %v; want the same ErrNoRoom", perr, err)
 	}
-	for _, want := range []string{`fork "web": not enough room: memory: 100 children need about 50.0 GiB (512 MiB each: the most any of 1 earlier children of "web" made private)`, "short", "--overcommit"} {
+	for _, want := range []string{`fork "web": not enough room: memory: 100 children need about 50.0 GiB (512 MiB each: the most any of 1 earlier child of "web" made private)`, "short", "--overcommit"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
@@ -104,7 +104,7 @@ func TestAdmissionBursts(t *testing.T) {
 	if err != nil || p.Admission.RAMBasis != basisMeasured || p.Admission.RAMEachBytes != 512<<20 {
 		t.Fatalf("10 children: %v, %+v; want admitted on the measured 512 MiB", err, p)
 	}
-	if a := strings.Join(p.Actions, "\n"); !strings.Contains(a, "take about 5.0 GiB of RAM for 10 new QEMU processes (512 MiB each, measured on 1 earlier children)") {
+	if a := strings.Join(p.Actions, "\n"); !strings.Contains(a, "take about 5.0 GiB of RAM for 10 new QEMU processes (512 MiB each, measured on 1 earlier child)") {
 		t.Errorf("plan says %q", a)
 	}
 	// The policy decides: off lets anything through, with the estimate.
