@@ -93,6 +93,10 @@ type Admission struct {
 	RAMBasis     string `json:"ram_basis"`
 	// Measured is how many earlier children the figure comes from.
 	Measured int `json:"measured_children,omitempty"`
+	// PendingBytes is what the source's running children may still make
+	// private, to reach the most any of them did: counted in RAMBytes, as
+	// the host's available memory does not hold it yet.
+	PendingBytes int64 `json:"pending_bytes,omitempty"`
 	// RAMBytes is the whole estimate, mem-dir files on a tmpfs included;
 	// the host can give (RAMAvailableBytes-RAMReserveBytes)*Overcommit.
 	RAMBytes          int64   `json:"ram_bytes"`
@@ -118,6 +122,7 @@ type demand struct {
 	basis    string
 	note     string // where each comes from, in words
 	measured int
+	pending  int64 // what running siblings may still make private
 	memDir   int64 // new files in the mem dir
 	disk     int64 // new files in the state dir
 }
@@ -142,7 +147,8 @@ func (mg *Manager) admit(d demand) (*Admission, error) {
 	if pct, ok := h.CPUPressure(); ok {
 		a.CPUPressure = pct
 	}
-	a.RAMBytes = int64(d.machines) * d.each
+	a.PendingBytes = d.pending
+	a.RAMBytes = int64(d.machines)*d.each + d.pending
 	var short []string
 	mem, merr := h.Space(mg.Store.MemDir)
 	if merr == nil {
@@ -245,6 +251,9 @@ func (mg *Manager) childDemand(verb, what string, src *Machine, n int, live bool
 	case u.Children > 0:
 		d.each, d.basis, d.measured = u.PrivateBytes, basisMeasured, u.Children
 		d.note = fmt.Sprintf("the most any of %s of %q made private", earlier(u.Children), src.Name)
+		if d.pending = int64(u.live)*u.PrivateBytes - u.liveBytes; d.pending > 0 {
+			d.note += fmt.Sprintf("; plus %s its %d running children may still make private", size(d.pending), u.live)
+		}
 	default:
 		d.each, d.basis = guest, basisGuest
 		d.note = fmt.Sprintf("guest RAM, no child of %q measured yet", src.Name)
@@ -291,6 +300,10 @@ type childUsage struct {
 	DiskBytes    int64     `json:"disk_bytes"`
 	Children     int       `json:"children"` // how many were measured
 	Updated      time.Time `json:"updated"`
+
+	// Of the running children, measured now: how many, and what they hold.
+	live      int
+	liveBytes int64
 }
 
 func (u *childUsage) add(o childUsage) {
@@ -316,6 +329,8 @@ func (mg *Manager) measureChildren(source string) childUsage {
 		}
 		if n, ok := mg.host().PrivateRAM(m); ok {
 			u.add(childUsage{PrivateBytes: n, DiskBytes: allocated(m.Paths.Disk), Children: 1})
+			u.live++
+			u.liveBytes += n
 		}
 	}
 	return u

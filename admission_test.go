@@ -303,3 +303,29 @@ func TestProcHost(t *testing.T) {
 		t.Error("PrivateRAM of a process that is not the machine's: ok")
 	}
 }
+
+// TestAdmissionPending: running children that have not yet made private
+// what their siblings did count for the difference: the host's available
+// memory does not hold it yet.
+func TestAdmissionPending(t *testing.T) {
+	mg, _ := newTestManager(t)
+	h := thisHost(mg.Store)
+	mg.Host = h
+	bootFake(t, mg, "web")
+	if _, err := mg.Fork(t.Context(), ForkRequest{Source: "web", Count: 3, Identity: quietChain}); err != nil {
+		t.Fatal(err)
+	}
+	h.private["web-1"], h.private["web-2"], h.private["web-3"] = 512<<20, 12<<20, 500<<20
+	p, err := mg.PlanFork(t.Context(), ForkRequest{Source: "web", Count: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := p.Admission; a.PendingBytes != 512<<20 || a.RAMBytes != 10*512<<20+512<<20 || a.Measured != 3 {
+		t.Errorf("admission %+v: want 512 MiB pending (500 + 12) on top of 10 x 512 MiB", a)
+	}
+	mg.Admission = AdmissionPolicy{Overcommit: 0.25}
+	_, err = mg.PlanFork(t.Context(), ForkRequest{Source: "web", Count: 10})
+	if err == nil || !strings.Contains(err.Error(), `10 children need about 5.5 GiB (512 MiB each: the most any of 3 earlier children of "web" made private; plus 512 MiB its 3 running children may still make private)`) {
+		t.Errorf("at overcommit 0.25: %v", err)
+	}
+}
