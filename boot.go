@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/vmfork/vmfork/contract"
+	"os"
 	"time"
 )
 
@@ -109,6 +110,9 @@ func (mg *Manager) applyBoot(ctx context.Context, p *bootPlan) (*Machine, error)
 	if err := mg.Store.CreateMachine(m); err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
 	}
+	// A new machine of an old name: what the old one's children made is
+	// not what this one's will (admission.go).
+	os.Remove(mg.Store.usagePath(name))
 	log := mg.Log.WithField("machine", name)
 	log.Info("booting")
 	start := time.Now()
