@@ -67,6 +67,9 @@ type ForkResult struct {
 	PauseMS  float64       `json:"pause_ms"`
 	Children []ChildResult `json:"children"`
 	Failed   []ChildError  `json:"failed,omitempty"`
+	// Admission is what the fork was estimated to take of the host before
+	// it began (admission.go).
+	Admission *Admission `json:"admission,omitempty"`
 }
 
 // ChildResult is one child that came up.
@@ -106,7 +109,11 @@ func (mg *Manager) Fork(ctx context.Context, req ForkRequest) (res *ForkResult, 
 	if err != nil {
 		return nil, err
 	}
-	return mg.applyFork(ctx, p)
+	res, err = mg.applyFork(ctx, p)
+	if res != nil {
+		res.Admission = p.admission
+	}
+	return res, err
 }
 
 // applyFork carries out plan p; the caller holds its locks.
