@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -267,11 +268,7 @@ func (mg *Manager) forkDemand(p *forkPlan) demand {
 	switch p.mode {
 	case forkLive:
 		d.disk += freezeDisk
-		// A booted source's RAM file becomes the template's (no copy); a
-		// forked one's frozen file is copied for the template (sharedmem).
-		if !p.source.Paths.RAMShared {
-			d.memDir += allocated(p.source.Paths.RAM)
-		}
+		d.memDir += freezeMemDir(p.source)
 	case forkHibernated:
 		// The hibernated RAM comes back into the mem dir first.
 		if p.tpl.Paths.RAM != "" {
@@ -281,6 +278,30 @@ func (mg *Manager) forkDemand(p *forkPlan) demand {
 		}
 	}
 	return d
+}
+
+// freezeMemDir is what a freeze of running machine m adds to the mem dir
+// (sharedmem's modes): nothing on its first fork, where its own RAM file
+// becomes the template's under a second name; once that file has a second
+// name (a template holds it) or m maps a frozen file privately (a child), a
+// copy of it.
+func freezeMemDir(m *Machine) int64 {
+	if m.Paths.RAMShared && links(m.Paths.RAM) <= 1 {
+		return 0
+	}
+	return allocated(m.Paths.RAM)
+}
+
+// links returns how many names file path has, 0 when it cannot tell.
+func links(path string) uint64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Nlink)
+	}
+	return 0
 }
 
 // startDemand estimates a start of stopped machine m from its own disk

@@ -329,3 +329,27 @@ func TestAdmissionPending(t *testing.T) {
 		t.Errorf("at overcommit 0.25: %v", err)
 	}
 }
+
+// TestFreezeMemDir: a machine's first freeze adds nothing to the mem dir;
+// once its RAM file has a second name (a template's), the next one copies it.
+func TestFreezeMemDir(t *testing.T) {
+	dir := t.TempDir()
+	own := dir + "/web.ram"
+	if err := os.WriteFile(own, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := &Machine{Name: "web", Paths: Paths{RAM: own, RAMShared: true}}
+	if n := freezeMemDir(m); n != 0 {
+		t.Errorf("first freeze: %d bytes, want 0", n)
+	}
+	if err := os.Link(own, dir+"/tpl.ram"); err != nil {
+		t.Fatal(err)
+	}
+	if n := freezeMemDir(m); n != 1<<20 {
+		t.Errorf("second freeze: %d bytes, want the file's 1 MiB", n)
+	}
+	child := &Machine{Name: "web-1", Paths: Paths{RAM: dir + "/tpl.ram"}}
+	if n := freezeMemDir(child); n != 1<<20 {
+		t.Errorf("a child's freeze: %d bytes, want the template file's 1 MiB", n)
+	}
+}

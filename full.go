@@ -20,7 +20,8 @@ const nearlyFull = 8 << 20
 // in the mem dir (a freeze copies up to the source's RAM there).
 func (s *Store) explainFull(err error, ramBytes int64) error {
 	var done *fullError
-	if err == nil || errors.As(err, &done) {
+	// Admission's refusal says what is short itself (admission.go).
+	if err == nil || errors.As(err, &done) || errors.Is(err, ErrNoRoom) {
 		return err
 	}
 	enospc := errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)

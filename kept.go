@@ -126,9 +126,7 @@ func (mg *Manager) planKeep(ctx context.Context, verb string, req KeepRequest, l
 	if live {
 		d := mg.childDemand(fmt.Sprintf("%s %q", verb, src.Name), "pool members", src, req.Pool, true)
 		d.disk += freezeDisk
-		if !src.Paths.RAMShared {
-			d.memDir += allocated(src.Paths.RAM) // the frozen file is copied (sharedmem)
-		}
+		d.memDir += freezeMemDir(src)
 		if p.admission, err = mg.admit(d); err != nil {
 			return nil, err
 		}
