@@ -305,9 +305,9 @@ func links(path string) uint64 {
 }
 
 // startDemand estimates a start of stopped machine m from its own disk
-// (vmfork start): it boots, owning its whole RAM. It is the hook for that
-// command's plan, which calls mg.admit(mg.startDemand(m)) before it changes
-// anything and keeps the *Admission for its render, as planFork does.
+// (vmfork start): it boots, owning its whole RAM. planStart admits it last,
+// before anything changes, and keeps the *Admission for its render, as
+// planFork does.
 func (mg *Manager) startDemand(m *Machine) demand {
 	guest := int64(m.Spec.MemoryMiB) << 20
 	return demand{verb: fmt.Sprintf("start %q", m.Name), what: "machine", machines: 1,

@@ -59,6 +59,8 @@ type StartResult struct {
 // startPlan is a start of one machine, checked once.
 type startPlan struct {
 	m *Machine
+	// admission is what the start will take of the host (admission.go).
+	admission *Admission
 }
 
 // planStart checks a start of machine name, taking its lock in l.
@@ -106,7 +108,12 @@ func (mg *Manager) planStart(ctx context.Context, name string, l *lockSet) (*sta
 			return nil, fmt.Errorf("start %q: %w", name, err)
 		}
 	}
-	return &startPlan{m: m}, nil
+	// Last, as a fork's plan: the host must have room for its RAM.
+	a, err := mg.admit(mg.startDemand(m))
+	if err != nil {
+		return nil, err
+	}
+	return &startPlan{m: m, admission: a}, nil
 }
 
 // checkStartFiles checks that what m boots from is there: its kernel and
@@ -175,6 +182,10 @@ func (p *startPlan) render() *Plan {
 	}
 	if id := m.Identity; id != nil && (id.Hostname != "" || id.MachineID != "") {
 		out.add("put its hostname %q and machine-id back if the guest booted without them", id.Hostname)
+	}
+	if p.admission != nil {
+		out.add("%s", p.admission.describe())
+		out.Admission = p.admission
 	}
 	return out
 }

@@ -208,3 +208,30 @@ func TestResumeKeepsIdentity(t *testing.T) {
 		t.Errorf("identity after resume: %+v, want the machine's own", m.Identity)
 	}
 }
+
+// TestStartAdmission: a start the host has no room for is refused in its
+// plan, dry run and real run alike, and the machine stays stopped.
+func TestStartAdmission(t *testing.T) {
+	mg, d := newHibManager(t)
+	ctx := t.Context()
+	bootFake(t, mg, "web")
+	if _, err := mg.Stop(ctx, "web", false); err != nil {
+		t.Fatal(err)
+	}
+	mg.Host = hostOf(mg.Store, 8*gib, 1*gib)
+	m, _ := mg.Store.LoadMachine("web")
+	m.Spec.MemoryMiB = 4096
+	if err := mg.Store.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	_, errs := mg.PlanStart(ctx, []string{"web"})
+	_, err := mg.Start(ctx, "web")
+	for what, e := range map[string]error{"dry run": errs[0], "start": err} {
+		if !errors.Is(e, ErrNoRoom) || !strings.Contains(e.Error(), `start "web": not enough room: memory`) {
+			t.Errorf("%s of a 4 GiB machine on 1 GiB available: %v, want ErrNoRoom", what, e)
+		}
+	}
+	if got, _ := mg.Get(ctx, "web"); got.State != StateStopped || d.running["web"] {
+		t.Errorf("after a refused start: %s (running %v), want stopped", got.State, d.running["web"])
+	}
+}
