@@ -269,6 +269,8 @@ func (mg *Manager) forkDemand(p *forkPlan) demand {
 	case forkLive:
 		d.disk += freezeDisk
 		d.memDir += freezeMemDir(p.source)
+	case forkDiskOnly:
+		d.disk += freezeDisk // the source's new overlays; no RAM is frozen
 	case forkHibernated:
 		// The hibernated RAM comes back into the mem dir first.
 		if p.tpl.Paths.RAM != "" {

@@ -79,6 +79,20 @@ type Forker interface {
 	Resume(ctx context.Context, m *Machine) error
 }
 
+// DiskForker is the optional driver capability behind fork --disk-only
+// (diskonly.go): it switches the disks of a running machine without
+// pausing its vCPUs. The caller has frozen the guest's filesystems (or
+// accepted a crash-consistent copy) for the moment of the switch.
+type DiskForker interface {
+	// SwitchDisks makes every disk of running src that t freezes (the boot
+	// disk and t.Disks' frozen ones) t's, read-only from now on, and puts
+	// src on new overlays on them, all in one QMP transaction: all switch,
+	// or none does. It neither stops nor resumes src, and saves no device
+	// state or RAM. Not idempotent: t MUST be a fresh template. src's
+	// record is saved by the caller also on error.
+	SwitchDisks(ctx context.Context, src *Machine, t *Template) error
+}
+
 // Pooler is the optional driver capability behind warm pools: StartChild
 // split in two, Prestart ahead of any fork and Complete in it.
 type Pooler interface {

@@ -53,6 +53,7 @@ var FaultPoints = []string{
 	FaultForkRunning, FaultForkIdentity, FaultSaveReserved, FaultSaveFrozen,
 	FaultPoolFilled, FaultPoolTaken, FaultRmStopped, FaultRmRemoving,
 	FaultHibernateFrozen, FaultHibernateCommitted, FaultResumeRunning, // hibernate.go
-	FaultRewindRunning, // checkpoint.go
-	FaultStartRunning,  // start.go
+	FaultRewindRunning,  // checkpoint.go
+	FaultStartRunning,   // start.go
+	FaultDiskOnlyFrozen, // diskonly.go
 }

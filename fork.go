@@ -58,15 +58,27 @@ type ForkRequest struct {
 	// (fork --disk-policy ID=POLICY, disks.go); its children keep the
 	// source's for their own forks, but a disk shared stays shared.
 	DiskPolicies map[string]DiskPolicy
+	// DiskOnly forks only the disks of a running source (fork --disk-only,
+	// diskonly.go): its guest's filesystems are frozen for the disk switch,
+	// its vCPUs never stop, and the children boot fresh.
+	DiskOnly bool
+	// CrashConsistent lets a disk-only fork switch the disks without
+	// freezing the guest's filesystems, where its agent cannot.
+	CrashConsistent bool
 }
 
 // ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
 type ForkResult struct {
-	Source   string        `json:"source"`
-	Template string        `json:"template"`
-	PauseMS  float64       `json:"pause_ms"`
-	Children []ChildResult `json:"children"`
-	Failed   []ChildError  `json:"failed,omitempty"`
+	Source   string  `json:"source"`
+	Template string  `json:"template"`
+	PauseMS  float64 `json:"pause_ms"`
+	// DiskOnly: the source's vCPUs never stopped (fork --disk-only);
+	// FSFrozenMS is how long its guest's filesystems were frozen, 0 for a
+	// crash-consistent one.
+	DiskOnly   bool          `json:"disk_only,omitempty"`
+	FSFrozenMS float64       `json:"fs_frozen_ms,omitempty"`
+	Children   []ChildResult `json:"children"`
+	Failed     []ChildError  `json:"failed,omitempty"`
 	// Admission is what the fork was estimated to take of the host before
 	// it began (admission.go).
 	Admission *Admission `json:"admission,omitempty"`
@@ -137,18 +149,24 @@ func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult,
 			}
 		}()
 	}
-	f, err := mg.prepareFork(src, p.names(), p.contract, p.req.DiskPolicies)
+	f, err := mg.prepareFork(src, p.names(), p.contract, p.req.DiskPolicies, p.mode == forkDiskOnly && !p.req.CrashConsistent)
 	if err != nil {
 		return nil, fmt.Errorf("fork %q: %w", src.Name, err)
 	}
 	p.tpl = f.tpl
 	mg.applyForkTTL(ctx, p.req.TTL, f.children)
 	Fault(FaultForkReserved, src.PID)
-	if p.mode == forkLive {
+	var fsFrozen time.Duration
+	switch p.mode {
+	case forkLive:
 		if err = mg.preFork(ctx, src, f.tpl, p.req.Identity); err == nil {
 			err = mg.freezeRunning(ctx, p.forker, src, f.tpl, FreezeOptions{DetachDevices: p.req.DetachDevices})
 		}
-	} else {
+	case forkDiskOnly:
+		if fsFrozen, err = mg.freezeDiskOnly(ctx, src, f.tpl, p.req.CrashConsistent); err == nil {
+			err = mg.frozen(ctx, src, f.tpl, FreezeResult{})
+		}
+	default:
 		err = mg.freezeStopped(ctx, src, f.tpl)
 	}
 	if err != nil {
@@ -165,6 +183,9 @@ func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult,
 	results := mg.startChildren(ctx, p, f.children)
 	f.done()
 	res, err = mg.forkOutcome(src.Name, f.tpl, f.children, results)
+	if res != nil && p.mode == forkDiskOnly {
+		res.DiskOnly, res.FSFrozenMS = true, ms(fsFrozen)
+	}
 	mg.collectTemplates(ctx)
 	return res, err
 }
@@ -188,7 +209,9 @@ type forkInProgress struct {
 // prepareFork creates the template's directory, the journal entry and the
 // children's records, in that order, and saves the template's record last:
 // from then on the reserved children protect it from collectTemplates.
-func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contract, policies map[string]DiskPolicy) (*forkInProgress, error) {
+// thaw marks the journal entry of a fork that freezes the guest's
+// filesystems (diskonly.go): its repair thaws them.
+func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contract, policies map[string]DiskPolicy, thaw bool) (*forkInProgress, error) {
 	tpl, err := mg.Store.NewTemplate(src.Name)
 	if err != nil {
 		return nil, err
@@ -209,7 +232,7 @@ func (mg *Manager) prepareFork(src *Machine, names []string, c *contract.Contrac
 	f := &forkInProgress{mg: mg, tpl: tpl, done: func() {}}
 	// The journal entry lives for the whole fork: if this process dies, the
 	// next command resumes the source and removes unfinished children.
-	if f.done, err = mg.Store.journal(journalEntry{Op: opFork, Source: src.Name, Template: tpl.ID, Machines: names}); err != nil {
+	if f.done, err = mg.Store.journal(journalEntry{Op: opFork, Source: src.Name, Template: tpl.ID, Machines: names, Thaw: thaw}); err != nil {
 		mg.Store.RemoveTemplate(tpl.ID)
 		return nil, err
 	}
@@ -435,6 +458,15 @@ func (mg *Manager) repairFork(ctx context.Context, e journalEntry) (done bool, e
 		if tpl != nil {
 			if err := mg.repairSourceDisk(src, tpl); err != nil {
 				return false, fmt.Errorf("repair %q after an interrupted %s: %w", e.Source, e.Op, err)
+			}
+		}
+		if e.Thaw {
+			if st, _ := mg.Driver.Status(ctx, src); st == StateRunning {
+				// An agent that does not answer cannot thaw anything, now
+				// or at the next command: warned, not retried.
+				if err := mg.thawAfterCrash(ctx, src); err != nil {
+					mg.Log.WithField("machine", e.Source).WithError(err).Warn("could not thaw the filesystems an interrupted disk-only fork may have frozen")
+				}
 			}
 		}
 		if forker, ok := mg.Driver.(Forker); ok {

@@ -27,6 +27,10 @@ const (
 	// template, whose RAM is brought back from disk first; the machine
 	// stays hibernated (hibernate.go).
 	forkHibernated
+	// forkDiskOnly: a running source's disks are frozen with its guest's
+	// filesystems, its vCPUs never stop, and its children boot fresh from
+	// them (diskonly.go).
+	forkDiskOnly
 )
 
 // forkPlan is a fork resolved and validated once, before anything is
@@ -109,6 +113,9 @@ func (mg *Manager) resolveFork(ctx context.Context, req ForkRequest, l *lockSet)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		if t, kerr := mg.Store.FindKept(req.Source); kerr == nil {
+			if req.DiskOnly {
+				return nil, fmt.Errorf("fork %q: --disk-only forks a running machine, and this is kept template %s (its children boot or continue from it without the flag): %w", req.Source, t.ID, ErrInvalid)
+			}
 			return p, mg.planKept(ctx, p, t)
 		}
 		// A machine vmfork did not make, such as an existing libvirt
@@ -119,6 +126,9 @@ func (mg *Manager) resolveFork(ctx context.Context, req ForkRequest, l *lockSet)
 			}
 		}
 	case err == nil && m.State == StateHibernated:
+		if req.DiskOnly {
+			return nil, fmt.Errorf("fork %q: --disk-only forks a running machine, and it is hibernated: %w", req.Source, ErrInvalid)
+		}
 		return p, mg.planHibernatedFork(ctx, p, m)
 	case err == nil:
 		mg.refresh(ctx, m)
@@ -136,6 +146,11 @@ func (mg *Manager) resolveFork(ctx context.Context, req ForkRequest, l *lockSet)
 	p.mode = forkStopped
 	if m.State == StateRunning {
 		p.mode = forkLive
+	}
+	if req.DiskOnly {
+		if err := mg.planDiskOnly(ctx, p, m); err != nil {
+			return nil, err
+		}
 	}
 	if err := mg.planChildren(p, m.Name); err != nil {
 		return nil, err
@@ -272,6 +287,14 @@ func (p *forkPlan) render() *Plan {
 		p.renderAdopt(out)
 		out.add("pause running machine %q for a fraction of a second and freeze it into a new template; it carries on", p.source.Name)
 		out.add("start %d children from that instant", n)
+	case forkDiskOnly:
+		p.renderAdopt(out)
+		if p.req.CrashConsistent {
+			out.add("disk-only, crash-consistent: no pause and no filesystem freeze; running machine %q's disks switch to new overlays in one transaction, as if its power went at that instant; it carries on", p.source.Name)
+		} else {
+			out.add("disk-only: no pause, filesystems frozen for the switch, children boot: running machine %q's guest agent freezes its filesystems (at most %v), its disks switch to new overlays in one transaction, and they are thawed; its vCPUs never stop", p.source.Name, FSFreezeTimeout)
+		}
+		out.add("boot %d children fresh from that view of its disks", n)
 	case forkStopped:
 		p.renderAdopt(out)
 		out.add("freeze stopped machine %q's disk into a new template; its %d children boot fresh from it", p.source.Name, n)

@@ -34,6 +34,10 @@ type journalEntry struct {
 	// Prior is the record to put back when the operation is undone: a
 	// rewind's machine, stopped on its disk from before (checkpoint.go).
 	Prior *Machine `json:"prior,omitempty"`
+	// Thaw: the operation froze (or was about to freeze) the source's
+	// guest filesystems through its agent (fork --disk-only, diskonly.go);
+	// the repair thaws them.
+	Thaw bool `json:"thaw,omitempty"`
 }
 
 // journalOp is what an entry's command was doing. Each has its repair in

@@ -183,7 +183,7 @@ func (p *keepPlan) render() *Plan {
 // applyKeep carries out plan p; the caller holds its locks.
 func (mg *Manager) applyKeep(ctx context.Context, p *keepPlan) (t *Template, err error) {
 	src, req := p.src, p.req
-	f, err := mg.prepareFork(src, nil, nil, nil)
+	f, err := mg.prepareFork(src, nil, nil, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("keep %q: %w", src.Name, err)
 	}

@@ -58,19 +58,29 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		return nil, fmt.Errorf("query vmgenid: %w", err)
 	}
 	t.Manifest.RAMSharedWithChildren = src.Paths.RAMShared
+	if err := d.prepareDisks(ctx, mon, src, t, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// prepareDisks makes and opens, while the guest runs, the next top overlay
+// of every disk the switch moves (switchDisk), into p; p.cleanup undoes it
+// unless the switch happened.
+func (d *Driver) prepareDisks(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, p *freezePrep) (err error) {
 	if src.Spec.Disk != "" {
 		if p.topNode, err = topNode(ctx, mon); err != nil {
-			return nil, err
+			return err
 		}
 		chain, err := overlay.Chain(src.Paths.Disk)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if p.next, err = overlay.NextTop(filepath.Dir(src.Paths.Disk)); err != nil {
-			return nil, err
+			return err
 		}
 		if err := overlay.CreateOn(ctx, t.Paths.Disk, chain[0].Format, chain[0].VirtualSize, p.next); err != nil {
-			return nil, err
+			return err
 		}
 		// Opening the overlay (blockdev-add) takes 1-2 ms of QEMU's main
 		// loop: done here, while the guest runs, the pause only links it
@@ -84,7 +94,7 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		}
 		if err := mon.Execute(ctx, "blockdev-add", add, nil); err != nil {
 			os.Remove(p.next)
-			return nil, fmt.Errorf("open next overlay: %w", err)
+			return fmt.Errorf("open next overlay: %w", err)
 		}
 		p.cleanup = func() {
 			if src.Paths.Disk != p.next { // not switched: the overlay is unused
@@ -103,10 +113,10 @@ func (d *Driver) prepareFreeze(ctx context.Context, mon *qmp.Monitor, src *vmfor
 		}
 		if err := prepareExtraDisks(ctx, mon, src, t, p); err != nil {
 			p.cleanup()
-			return nil, err
+			return err
 		}
 	}
-	return p, nil
+	return nil
 }
 
 func (p *freezePrep) extraNodes() []string {
