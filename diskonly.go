@@ -142,8 +142,10 @@ func (mg *Manager) freezeDiskOnly(ctx context.Context, src *Machine, tpl *Templa
 	if serr := mg.Store.SaveMachine(src); serr != nil && err == nil {
 		err = serr
 	}
-	window = time.Since(start)
-	return window, err
+	if ag == nil {
+		return 0, err // nothing was frozen
+	}
+	return time.Since(start), err // the deferred thaw adds its own time
 }
 
 // thaw thaws the guest's filesystems through ag, bounded by fsThawTimeout

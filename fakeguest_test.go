@@ -22,6 +22,9 @@ type agentDriver struct {
 	*linkDriver
 	mu     sync.Mutex
 	guests map[string]*fakeGuest
+	// frozenAtSwitch: whether the source's filesystems were frozen at
+	// each SwitchDisks.
+	frozenAtSwitch []bool
 }
 
 func newAgentDriver() *agentDriver {
@@ -73,6 +76,11 @@ type fakeGuest struct {
 	files map[string]string
 	procs map[int]*qmp.ExecStatus
 	next  int
+	// noFreeze: the agent offers no guest-fsfreeze-*; frozen: its
+	// filesystems are frozen now; fsLog: "freeze" and "thaw", in order.
+	noFreeze bool
+	frozen   bool
+	fsLog    []string
 }
 
 func (g *fakeGuest) Close() error { return nil }
@@ -91,6 +99,23 @@ func (g *fakeGuest) Command(ctx context.Context, req []byte) ([]byte, error) {
 	switch cmd.Execute {
 	case qmp.AgentCmdPing:
 		ret = struct{}{}
+	case agentCmdInfo:
+		type cmd struct {
+			Name    string `json:"name"`
+			Enabled bool   `json:"enabled"`
+		}
+		cmds := []cmd{{qmp.AgentCmdPing, true}, {qmp.AgentCmdExec, true}}
+		if !g.noFreeze {
+			cmds = append(cmds, cmd{agentCmdFreeze, true}, cmd{agentCmdThaw, true})
+		}
+		ret = map[string]any{"version": "fake", "supported_commands": cmds}
+	case agentCmdFreeze, agentCmdThaw:
+		if g.noFreeze {
+			return []byte(fmt.Sprintf(`{"error": {"class": "CommandNotFound", "desc": "%s"}}`, cmd.Execute)), nil
+		}
+		g.frozen = cmd.Execute == agentCmdFreeze
+		g.fsLog = append(g.fsLog, strings.TrimPrefix(cmd.Execute, "guest-fsfreeze-"))
+		ret = 1
 	case qmp.AgentCmdExec:
 		var a struct {
 			Path string   `json:"path"`

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qmp"
 )
 
@@ -24,6 +25,8 @@ type fakeDriver struct {
 	resumed       []string
 	stoppedPaused []string // machines stopped while paused
 	freezeSeen    int
+	switched      []string // SwitchDisks' sources
+	switchErr     error
 }
 
 func newFakeDriver() *fakeDriver {
@@ -105,6 +108,30 @@ func (d *fakeDriver) Resume(ctx context.Context, m *Machine) error {
 	defer d.mu.Unlock()
 	delete(d.paused, m.Name)
 	d.resumed = append(d.resumed, m.Name)
+	return nil
+}
+
+// SwitchDisks implements DiskForker as QEMU's transaction leaves the
+// files: src's top image gets the template's name too, and src goes onto
+// a new overlay on it. switchErr makes it fail with nothing switched.
+func (d *fakeDriver) SwitchDisks(ctx context.Context, src *Machine, t *Template) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.switched = append(d.switched, src.Name)
+	if d.switchErr != nil {
+		return d.switchErr
+	}
+	next, err := overlay.NextTop(filepath.Dir(src.Paths.Disk))
+	if err != nil {
+		return err
+	}
+	if err := os.Link(src.Paths.Disk, t.Paths.Disk); err != nil {
+		return err
+	}
+	if err := overlay.Create(ctx, t.Paths.Disk, next); err != nil {
+		return err
+	}
+	src.Paths.Disk = next
 	return nil
 }
 

@@ -62,7 +62,17 @@ fresh or keep (each child gets an empty disk of the same size and
 VMFORK_DISK_<ID>=fresh in its post-fork hooks; keep also marks the disk
 as the source's alone). The boot disk always forks cow.
 
-   vmfork fork desk -n 3 --disk-policy home=fresh`,
+   vmfork fork desk -n 3 --disk-policy home=fresh
+
+DISK-ONLY: --disk-only forks a running source's disks alone. Its guest agent
+freezes the guest's filesystems (guest-fsfreeze-freeze, bounded) for the
+moment every disk switches to a new overlay in one transaction, then thaws
+them; the source's vCPUs never stop, and the children boot fresh from that
+view with identities of their own. A guest whose agent cannot freeze is
+refused before anything changes; --crash-consistent takes its disks
+unfrozen, as a power cut would leave them.
+
+   vmfork fork db --disk-only -n 4`,
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "number of children (default 1, or the number of NAMEs)"},
 		&cli.StringFlag{Name: "prefix", Usage: "name children PREFIX-1, PREFIX-2, ... (default SOURCE)"},
@@ -79,6 +89,8 @@ as the source's alone). The boot disk always forks cow.
 		&cli.StringSliceFlag{Name: "step-timeout", Usage: "bound identity step NAME to a duration, as `NAME=DURATION`; repeatable"},
 		&cli.StringSliceFlag{Name: "extra-step", Usage: "copy host script FILE into each child and run it as step NAME (namespaced, e.g. acme.setup) at the end, as `NAME=FILE`; repeatable"},
 		&cli.StringSliceFlag{Name: "disk-policy", Usage: "fork disk ID this way in this fork, as `ID=POLICY` (cow, shared, fresh, keep); repeatable"},
+		&cli.BoolFlag{Name: "disk-only", Usage: "fork only the disks of a running source: its guest's filesystems are frozen through its agent for the switch, its vCPUs never stop, and the children boot fresh"},
+		&cli.BoolFlag{Name: "crash-consistent", Usage: "with --disk-only, where the guest agent cannot freeze filesystems: switch the disks unfrozen (as if the power went)"},
 		&cli.BoolFlag{Name: "detach-devices", Usage: "when the source's extra devices (boot --device) forbid the fork, unplug them for it and plug them back after; children get none"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
 		ttlFlag,
@@ -95,14 +107,19 @@ as the source's alone). The boot disk always forks cow.
 			return err
 		}
 		req := vmfork.ForkRequest{
-			Source:        cliCtx.Args().First(),
-			Names:         cliCtx.Args().Tail(),
-			Count:         cliCtx.Int("count"),
-			Prefix:        cliCtx.String("prefix"),
-			Parallel:      cliCtx.Int("parallel"),
-			MaxChildren:   cliCtx.Int("max-children"),
-			TTL:           cliCtx.Duration("ttl"),
-			DetachDevices: cliCtx.Bool("detach-devices"),
+			Source:          cliCtx.Args().First(),
+			Names:           cliCtx.Args().Tail(),
+			Count:           cliCtx.Int("count"),
+			Prefix:          cliCtx.String("prefix"),
+			Parallel:        cliCtx.Int("parallel"),
+			MaxChildren:     cliCtx.Int("max-children"),
+			TTL:             cliCtx.Duration("ttl"),
+			DetachDevices:   cliCtx.Bool("detach-devices"),
+			DiskOnly:        cliCtx.Bool("disk-only"),
+			CrashConsistent: cliCtx.Bool("crash-consistent"),
+		}
+		if req.CrashConsistent && !req.DiskOnly {
+			return usageError{errors.New("--crash-consistent applies to --disk-only")}
 		}
 		var err error
 		if req.DiskPolicies, err = vmfork.ParseDiskPolicies(cliCtx.StringSlice("disk-policy")); err != nil {
@@ -169,7 +186,9 @@ func checkForkLimits(cliCtx *cli.Context) error {
 }
 
 func printFork(res *vmfork.ForkResult) {
-	if res.PauseMS > 0 {
+	if res.DiskOnly {
+		fmt.Printf("forked %s's disks at template %s (vCPUs never paused; filesystems frozen %.1f ms)\n", res.Source, res.Template, res.FSFrozenMS)
+	} else if res.PauseMS > 0 {
 		fmt.Printf("forked %s at template %s (source paused %.1f ms)\n", res.Source, res.Template, res.PauseMS)
 	} else {
 		fmt.Printf("forked %s at template %s (nothing paused)\n", res.Source, res.Template)
