@@ -95,6 +95,15 @@ func TestCrashMatrix(t *testing.T) {
 		{name: "fork-spawned", fault: vmfork.FaultQEMUSpawned, prep: fork(2)},
 		{name: "fork-running", fault: vmfork.FaultForkRunning, prep: fork(2)},
 		{name: "fork-identity", fault: vmfork.FaultForkIdentity, prep: fork(2)},
+		// fork --disk-only killed with the guest's filesystems frozen: the
+		// repair thaws them (a write and sync in the source finish).
+		{name: "diskonly-frozen", fault: vmfork.FaultDiskOnlyFrozen,
+			prep: func(*rig, int) []string { return []string{"fork", "src", "--disk-only", "--count", "2"} },
+			after: func(r *rig, _ int) {
+				if res := r.vmfork("--timeout", "30s", "exec", "src", "--", "sh", "-c", "echo thawed >/data/thawed && sync"); res.code != 0 {
+					r.t.Errorf("after a kill at %s: a write in the source: %s; want its filesystems thawed", vmfork.FaultDiskOnlyFrozen, res)
+				}
+			}},
 		{name: "fork-running-kill-child", fault: vmfork.FaultForkRunning + ":qemu", prep: fork(1)},
 		{name: "fork-paused-kill-source", fault: vmfork.FaultFreezePaused + ":qemu", victim: true,
 			prep: func(*rig, int) []string { return []string{"fork", "victim", "--count", "1"} }},
