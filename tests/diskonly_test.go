@@ -165,6 +165,17 @@ func TestForkDiskOnly(t *testing.T) {
 			t.Errorf("child %s sees the source's write after the fork", c.Name)
 		}
 	}
+	if os.Getenv("VMFORK_DISKONLY_COMPARE") != "" {
+		// For docs/BENCHMARKS.md, off in CI: a live fork of the same
+		// source, its pause and the ticker's longest gap.
+		var live forkJSON
+		start := time.Now()
+		e.jsonOK(&live, "fork", "src", "--count", "1")
+		end := time.Now()
+		gap, n := ticks.maxGap(start, end)
+		t.Logf("live fork: %.0f ms in all, pause_ms %.1f; source's serial ticker: %d ticks, longest gap %v",
+			ms(end.Sub(start)), live.PauseMS, n, gap.Round(time.Millisecond))
+	}
 	c1 := res.Children[0].Name
 	e.exec(c1, "sh", "-c", "echo mine >/data/child.txt && sync")
 	for _, m := range []string{"src", res.Children[1].Name} {
