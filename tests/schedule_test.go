@@ -87,10 +87,20 @@ var slots = &slotScheduler{free: testSlots()}
 // parallel is t.Parallel() for a test that works itself: it waits for a
 // slot (longest expected first) and gives it back when it and its subtests
 // end. A test whose subtests are parallel calls parallelParent instead.
+//
+// go test's own time for such a test counts its wait for a slot too, so
+// the test logs its time in the slot when it ends ("slot: NAME ran N s after
+// waiting M s"), which .ci/run reports as the test's time.
 func parallel(t *testing.T) {
 	t.Helper()
 	t.Parallel()
-	t.Cleanup(slots.acquire(t.Name()))
+	asked := time.Now()
+	release := slots.acquire(t.Name())
+	got := time.Now()
+	t.Cleanup(func() {
+		release()
+		t.Logf("slot: %s ran %.1f s after waiting %.1f s", t.Name(), time.Since(got).Seconds(), got.Sub(asked).Seconds())
+	})
 }
 
 // parallelParent is t.Parallel() for a test that only starts parallel
