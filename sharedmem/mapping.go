@@ -28,13 +28,65 @@ type Mapping struct {
 // Size is the mapping's length in bytes.
 func (m Mapping) Size() int64 { return int64(m.End - m.Start) }
 
-// File opens the mapped file itself, through /proc/PID/map_files, whatever
-// its names are now (it may have none).
+// File opens the mapped file itself, whatever its names are now (it may have
+// none): through /proc/PID/map_files where this process may (opening there
+// needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE), and otherwise through the
+// process's own descriptor of that file, /proc/PID/fd/N, which its owner may
+// open too. QEMU always holds one: the RAM file it opened, and after a remap
+// the file Remap dup'd over that descriptor (remap_linux_amd64.go).
 func (m Mapping) File(flag int) (*os.File, error) {
 	p := fmt.Sprintf("/proc/%d/map_files/%x-%x", m.PID, m.Start, m.End)
 	f, err := os.OpenFile(p, flag, 0)
+	if err == nil {
+		return f, nil
+	}
+	if !errors.Is(err, os.ErrPermission) {
+		return nil, fmt.Errorf("open RAM mapping of pid %d: %w", m.PID, err)
+	}
+	return m.fileByFD(flag)
+}
+
+// fileByFD opens the mapped file through the descriptor of m's process that
+// refers to it, and checks that what it opened is still that file (the
+// descriptor could have been replaced meanwhile).
+func (m Mapping) fileByFD(flag int) (*os.File, error) {
+	fd, err := FDOf(m.PID, m.Dev, m.Inode)
 	if err != nil {
 		return nil, fmt.Errorf("open RAM mapping of pid %d: %w", m.PID, err)
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", m.PID, fd), flag, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open RAM mapping of pid %d: %w", m.PID, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Ino != m.Inode || st.Dev != m.Dev {
+		f.Close()
+		return nil, fmt.Errorf("open RAM mapping of pid %d: descriptor %d no longer refers to its RAM file (inode %d)", m.PID, fd, m.Inode)
+	}
+	return f, nil
+}
+
+// Writable opens the mapped file read-write for a caller that knows no one
+// else can see it (Exclusive). The file may be read-only by its mode: a
+// machine's own file that was a template's too keeps the template's 0400
+// after that name is gone. Root writes it anyway; its owner makes it 0600
+// first, which changes nothing for anyone else, since no one else has it.
+func (m Mapping) Writable() (*os.File, error) {
+	f, err := m.File(os.O_RDWR)
+	if err == nil || !errors.Is(err, os.ErrPermission) {
+		return f, err
+	}
+	ro, err := m.File(os.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer ro.Close()
+	if err := unix.Fchmod(int(ro.Fd()), 0o600); err != nil {
+		return nil, fmt.Errorf("make RAM file of pid %d writable: %w", m.PID, err)
+	}
+	f, err = os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(ro.Fd())), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("make RAM file of pid %d writable: %w", m.PID, err)
 	}
 	return f, nil
 }

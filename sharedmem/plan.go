@@ -155,7 +155,7 @@ func Prepare(ctx context.Context, mon Monitor, req PlanRequest) (p *Plan, err er
 			return nil, err
 		}
 		if inPlace {
-			p.base, err = p.m.File(os.O_RDWR)
+			p.base, err = p.m.Writable()
 		} else {
 			p.tmp = req.Temp
 			p.base, p.Precopied, err = CopyMapped(ctx, p.m, p.tmp)

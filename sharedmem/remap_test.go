@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,9 @@ const helperEnv = "SHAREDMEM_REMAP_HELPER"
 func TestMain(m *testing.M) {
 	if p := os.Getenv(helperEnv); p != "" {
 		os.Exit(remapHelper(p))
+	}
+	if p := os.Getenv(unprivEnv); p != "" {
+		os.Exit(unprivCheck(p))
 	}
 	os.Exit(m.Run())
 }
@@ -97,7 +101,15 @@ type helper struct {
 // when the test ends.
 func startHelper(t *testing.T, mapped, other string) *helper {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	return startHelperAs(t, os.Args[0], nil, mapped, other)
+}
+
+// startHelperAs is startHelper for test binary bin run with cred (nil: as
+// this process).
+func startHelperAs(t *testing.T, bin string, cred *syscall.Credential, mapped, other string) *helper {
+	t.Helper()
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	cmd.Env = append(os.Environ(), helperEnv+"="+mapped+":"+other)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
