@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,18 +27,35 @@ type Store struct {
 // DefaultStateDir is /var/lib/vmfork for root and $XDG_STATE_HOME/vmfork
 // (or ~/.local/state/vmfork) otherwise.
 func DefaultStateDir() string {
-	if os.Geteuid() == 0 {
+	home, _ := os.UserHomeDir()
+	return defaultStateDir(os.Geteuid(), os.Getenv("XDG_STATE_HOME"), home)
+}
+
+func defaultStateDir(uid int, xdgState, home string) string {
+	if uid == 0 {
 		return "/var/lib/vmfork"
 	}
-	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
-		return filepath.Join(d, "vmfork")
+	if xdgState != "" {
+		return filepath.Join(xdgState, "vmfork")
 	}
-	home, _ := os.UserHomeDir()
 	return filepath.Join(home, ".local", "state", "vmfork")
 }
 
-// DefaultMemDir is where guest RAM files live: a tmpfs.
-const DefaultMemDir = "/dev/shm/vmfork"
+// DefaultMemDir is where guest RAM files live, a tmpfs: /dev/shm/vmfork for
+// root and /dev/shm/vmfork-UID for anyone else, so that two users never
+// share one (OpenStore refuses a directory another user owns). Not
+// $XDG_RUNTIME_DIR: systemd sizes it to 10% of RAM, too small for guests,
+// and su, runuser and cron leave it unset.
+func DefaultMemDir() string {
+	return defaultMemDir(os.Geteuid())
+}
+
+func defaultMemDir(uid int) string {
+	if uid == 0 {
+		return "/dev/shm/vmfork"
+	}
+	return "/dev/shm/vmfork-" + strconv.Itoa(uid)
+}
 
 // OpenStore creates the store's directories if needed.
 func OpenStore(stateDir, memDir string) (*Store, error) {
@@ -55,14 +74,18 @@ func OpenStore(stateDir, memDir string) (*Store, error) {
 		}
 	}
 	// Only vmfork reads machine records, sockets, disks and guest RAM: a top
-	// directory made by someone else (or before) loses read and write for
-	// group and others. Search for others stays where it was given: the
+	// directory another user owns is refused (in /dev/shm anyone may make
+	// one first, and its owner could read or swap what vmfork puts there),
+	// and one made before loses read and write for group and others. Search for others stays where it was given: the
 	// libvirt driver grants it so that an adopted domain's QEMU, running as
 	// libvirt's user, reaches the files vmfork names to it.
 	for _, d := range []string{s.StateDir, s.MemDir} {
 		st, err := os.Stat(d)
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
+		}
+		if err := ownedByMe(d, st); err != nil {
+			return nil, err
 		}
 		if perm := st.Mode().Perm(); perm&0o066 != 0 {
 			if err := os.Chmod(d, perm&^0o066); err != nil {
@@ -71,6 +94,17 @@ func OpenStore(stateDir, memDir string) (*Store, error) {
 		}
 	}
 	return s, nil
+}
+
+// ownedByMe fails with one line when directory d (st) belongs to another
+// user than the one running vmfork.
+func ownedByMe(d string, st os.FileInfo) error {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || int(sys.Uid) == os.Geteuid() {
+		return nil
+	}
+	return fmt.Errorf("open store: %s belongs to uid %d, not to you (uid %d): vmfork keeps each user's machines and RAM apart; choose your own with --state-dir/--mem-dir: %w",
+		d, sys.Uid, os.Geteuid(), ErrInvalid)
 }
 
 // MachinePaths returns the files of machine name. RAM is the machine's own

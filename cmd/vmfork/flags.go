@@ -29,8 +29,8 @@ var globalFlags = []cli.Flag{
 	},
 	&cli.StringFlag{
 		Name:    "mem-dir",
-		Usage:   "directory for guest RAM files; must be a tmpfs",
-		Value:   vmfork.DefaultMemDir,
+		Usage:   "directory for guest RAM files; must be a tmpfs (default /dev/shm/vmfork for root, /dev/shm/vmfork-UID for others)",
+		Value:   vmfork.DefaultMemDir(),
 		EnvVars: []string{"VMFORK_MEM_DIR"},
 	},
 	&cli.StringFlag{
