@@ -48,6 +48,12 @@ func (d *Driver) CheckNetwork(ctx context.Context, m *vmfork.Machine) error {
 	case vmfork.NetworkUser, vmfork.NetworkNone:
 		return nil
 	case vmfork.NetworkBridge:
+		if !hasCap(unix.CAP_NET_ADMIN) {
+			// Refused before anything is made: TUNSETIFF would fail
+			// deep in the start, after the disk and the journal.
+			return fmt.Errorf("machine %q: network %s: vmfork creates the machine's tap itself, which needs CAP_NET_ADMIN: run vmfork as root, or use --network user (joining a bridge through qemu-bridge-helper is not supported yet): %w",
+				m.Name, n, vmfork.ErrUnsupported)
+		}
 		if err := vmfork.CheckBridge(n.Name); err != nil {
 			return fmt.Errorf("machine %q: %w", m.Name, err)
 		}
@@ -55,6 +61,17 @@ func (d *Driver) CheckNetwork(ctx context.Context, m *vmfork.Machine) error {
 	}
 	return fmt.Errorf("machine %q: network %s: the embedded driver has user, bridge=BRIDGE and none; a libvirt network needs the libvirt driver (--connect): %w",
 		m.Name, n, vmfork.ErrInvalid)
+}
+
+// hasCap reports whether this process has capability c in its effective
+// set; a variable for tests.
+var hasCap = func(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return true // unknown: let the tap's own error speak
+	}
+	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
 }
 
 // spawnMachine starts QEMU for m with argv built for opt, after creating

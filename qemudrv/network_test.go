@@ -2,6 +2,7 @@ package qemudrv
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -32,5 +33,23 @@ func TestCheckNetwork(t *testing.T) {
 		if !errors.Is(err, vmfork.ErrInvalid) || !strings.Contains(err.Error(), c.says) || !strings.Contains(err.Error(), `machine "web"`) {
 			t.Errorf("network %v: %v, want an ErrInvalid naming the machine and saying %q", c.n, err, c.says)
 		}
+	}
+}
+
+// Without CAP_NET_ADMIN a bridge is refused in one line naming the
+// capability and the ways out, before anything is made.
+func TestCheckNetworkBridgeNeedsNetAdmin(t *testing.T) {
+	old := hasCap
+	t.Cleanup(func() { hasCap = old })
+	hasCap = func(int) bool { return false }
+	m := testMachine()
+	m.Spec.Network = vmfork.Network{Kind: vmfork.NetworkBridge, Name: "br0"}
+	err := New(nil).CheckNetwork(t.Context(), m)
+	if !errors.Is(err, vmfork.ErrUnsupported) || !strings.Contains(err.Error(), "CAP_NET_ADMIN") ||
+		!strings.Contains(err.Error(), "--network user") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("bridge without CAP_NET_ADMIN: %v; want one ErrUnsupported line naming CAP_NET_ADMIN and --network user", err)
+	}
+	if !old(0) && os.Geteuid() == 0 {
+		t.Errorf("root has no CAP_CHOWN in its effective set: hasCap reads the wrong word")
 	}
 }

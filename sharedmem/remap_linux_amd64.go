@@ -69,7 +69,7 @@ func CanRemap(pid int) error {
 		errc <- err
 	}()
 	if err := <-errc; err != nil {
-		return fmt.Errorf("trace pid %d: %w", pid, err)
+		return fmt.Errorf("trace pid %d: %w", pid, ptraceDenied(pid, err))
 	}
 	return nil
 }
@@ -118,7 +118,7 @@ func dropShared(m Mapping, chunk int64) error {
 func remap(m Mapping, fd, blockFD int) error {
 	t, err := seize(m.PID)
 	if err != nil {
-		return fmt.Errorf("remap RAM of pid %d: %w", m.PID, err)
+		return fmt.Errorf("remap RAM of pid %d: %w", m.PID, ptraceDenied(m.PID, err))
 	}
 	got, err := t.call(unix.SYS_MMAP, m.Start, uintptr(m.Size()), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_FIXED|unix.MAP_NORESERVE, uintptr(fd), 0)

@@ -3,6 +3,7 @@
 package sharedmem
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -160,5 +161,36 @@ func copyExec(t *testing.T, src, dst string) {
 	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A refused trace names the capability and the host setting, in one line,
+// for each Yama policy; other errors pass unchanged.
+func TestPtraceDeniedNamesCapability(t *testing.T) {
+	old := yamaScope
+	t.Cleanup(func() { yamaScope = old })
+	dir := t.TempDir()
+	for scope, want := range map[string]string{
+		"":  "CAP_SYS_PTRACE (run vmfork as the user",
+		"0": "CAP_SYS_PTRACE (run vmfork as the user",
+		"1": "sysctl -w kernel.yama.ptrace_scope=0",
+		"2": "kernel.yama.ptrace_scope is 2",
+		"3": "kernel.yama.ptrace_scope is 3",
+	} {
+		yamaScope = filepath.Join(dir, "none")
+		if scope != "" {
+			yamaScope = filepath.Join(dir, "scope"+scope)
+			if err := os.WriteFile(yamaScope, []byte(scope+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := ptraceDenied(42, fmt.Errorf("ptrace seize: %w", unix.EPERM))
+		if !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "CAP_SYS_PTRACE") ||
+			strings.Contains(err.Error(), "\n") {
+			t.Errorf("scope %q: %v; want one line with %q", scope, err, want)
+		}
+	}
+	if err := ptraceDenied(42, unix.ESRCH); err != unix.ESRCH {
+		t.Errorf("ESRCH became %v", err)
 	}
 }
