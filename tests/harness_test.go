@@ -57,6 +57,9 @@ type env struct {
 	// debianImported: the shared Debian template is imported into this
 	// store (harness_shared_test.go, env.forkDebian).
 	debianImported bool
+	// runAs, when set, is the command that runs vmfork as another user
+	// (setpriv ..., unpriv_test.go); extraEnv does not pass through it.
+	runAs []string
 }
 
 func newEnv(t testing.TB) *env {
@@ -107,7 +110,11 @@ func (e *env) vmfork(args ...string) result {
 // vmforkIn runs the CLI with this env's dirs and stdin as its standard input.
 func (e *env) vmforkIn(stdin string, args ...string) result {
 	e.t.Helper()
-	cmd := exec.Command(e.bin, append([]string{"--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
+	argv := append([]string{e.bin, "--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)
+	if len(e.runAs) > 0 {
+		argv = append(slices.Clone(e.runAs), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	var out, errb bytes.Buffer
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &out, &errb
 	if len(e.extraEnv) > 0 {
