@@ -170,6 +170,17 @@ func TestUnprivilegedFork(t *testing.T) {
 	if got := strings.TrimSpace(e.exec(child, "sh", "-c", "echo alive")); got != "alive" {
 		t.Fatalf("child %s answers %q", child, got)
 	}
+	// A child maps its template privately: forking it takes the Diff
+	// path (its frozen file copied, its own pages read from its page map
+	// and with process_vm_readv), all of it open to the same user.
+	var res2 forkJSON
+	e.jsonOK(&res2, "fork", child)
+	if len(res2.Children) != 1 || res2.Children[0].State != "running" || len(res2.Failed) != 0 {
+		t.Fatalf("fork of child %s as uid %d = %+v, want one running child", child, u.uid, res2)
+	}
+	if got := strings.TrimSpace(e.exec(res2.Children[0].Name, "sh", "-c", "echo alive")); got != "alive" {
+		t.Fatalf("grandchild %s answers %q", res2.Children[0].Name, got)
+	}
 	// The defaults are the same store: `ls` without dir flags sees both.
 	cmd := exec.Command(u.as()[0], append(u.as()[1:], bin, "ls")...)
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), child) {
@@ -180,8 +191,8 @@ func TestUnprivilegedFork(t *testing.T) {
 	privateTo(t, e.stateDir, u.uid)
 	privateTo(t, e.memDir, u.uid)
 	rams, _ := filepath.Glob(filepath.Join(e.memDir, "*.ram"))
-	if len(rams) < 3 {
-		t.Fatalf("RAM files %v: want the source's, the template's and the child's", rams)
+	if len(rams) < 5 {
+		t.Fatalf("RAM files %v: want those of the source, the child, the grandchild and two templates", rams)
 	}
 	for _, p := range append(rams, filepath.Join(e.stateDir, "machines", child)) {
 		privateTo(t, p, u.uid)
