@@ -14,7 +14,7 @@
 // Tests that own all they use call parallel(t) (t.Parallel() and a slot of
 // the scheduler in schedule_test.go), and most do: go test runs them after
 // the others. make integration lifts go test's own limit (-parallel 64) and
-// the scheduler runs three at once (VMFORK_TEST_SLOTS), the longest expected
+// the scheduler runs four at once (VMFORK_TEST_SLOTS), the longest expected
 // first, so that the Debian variants and the conformance suites do not
 // queue behind everything else and run alone at the end. A test whose
 // subtests are parallel calls parallelParent(t): it holds no slot, its
@@ -23,7 +23,7 @@
 // (the TTL tests), measure pauses (the bench stall smokes), set the
 // environment or change host-wide settings (libvirt setup) run alone,
 // first. A guest under TCG keeps a core busy only while it works, and tests
-// wait on guests, timers and daemons much of the time, so three at once
+// wait on guests, timers and daemons much of the time, so four at once
 // fill a 2-core host that one at a time left a quarter idle. Such a test
 // owns everything it uses (its env's state and mem dirs, its domain prefix,
 // its network namespace, its libvirt network's subnet: newLibvirtNet),
