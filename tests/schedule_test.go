@@ -22,9 +22,8 @@ import (
 
 // testSlots is how many slotted tests run at once: VMFORK_TEST_SLOTS, or 4.
 // Tests wait on guests, timers and daemons much of the time: on a 2-core
-// TCG host, three at once left the CPUs idle a fifth of the time and the
-// suite took 1466 s (make test); four left them idle 15% and took 1291 s,
-// with every test passing (2026-12-02).
+// TCG host make test took 1466 s with three at once and 1291 s with four,
+// every test passing, the CPUs still idle 15% of that run (2026-12-02).
 func testSlots() int {
 	if n, err := strconv.Atoi(os.Getenv("VMFORK_TEST_SLOTS")); err == nil && n > 0 {
 		return n
