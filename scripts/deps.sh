@@ -29,6 +29,11 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
+# npm for tests/mcp-client: Debian packages it apart from nodejs (a nodejs
+# from NodeSource carries its own, and conflicts with Debian's npm).
+if ! command -v npm >/dev/null 2>&1; then
+  missing+=(npm)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
