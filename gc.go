@@ -19,7 +19,8 @@ import (
 // crash could have left stale. Once no child needs a template, the frozen disk
 // is taken out of the remaining chains (their data is copied up) and the
 // template goes.
-// Templates of a fork in progress are protected by their reserved children.
+// Templates of a fork or save in progress are left alone: their journal
+// entry's process is alive (journal.go:Store.inFlightTemplates).
 func (mg *Manager) collectTemplates(ctx context.Context) {
 	ts, err := mg.Store.ListTemplates()
 	if err != nil || len(ts) == 0 {
@@ -37,7 +38,11 @@ func (mg *Manager) collectTemplates(ctx context.Context) {
 	if !ok {
 		return
 	}
+	busy := mg.Store.inFlightTemplates()
 	for _, t := range ts {
+		if busy[t.ID] {
+			continue // a fork or save in progress; its repair decides if it dies
+		}
 		mg.collectTemplate(ctx, t, u, needed, ms)
 	}
 }

@@ -126,6 +126,30 @@ func (s *Store) abandoned() (map[string]journalEntry, error) {
 	return out, nil
 }
 
+// inFlightTemplates returns the templates that journal entries of live
+// vmfork processes name: a fork or a template save in progress. Such a
+// template's record can exist before anything protects it otherwise (a
+// save's has no children and gets its name only after the freeze), and a
+// concurrent command's collectTemplates must not take it.
+func (s *Store) inFlightTemplates() map[string]bool {
+	out := map[string]bool{}
+	dir := filepath.Join(s.StateDir, dirJournal)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return out
+	}
+	for _, de := range entries {
+		if strings.HasPrefix(de.Name(), ".") {
+			continue
+		}
+		var e journalEntry
+		if readJSON(filepath.Join(dir, de.Name()), &e) == nil && e.Template != "" && vmforkAlive(e.PID) {
+			out[e.Template] = true
+		}
+	}
+	return out
+}
+
 // claim takes abandoned entry path for this process by renaming it, so that
 // two commands never repair the same entry at once. The entry keeps its
 // dead PID: if this process dies too, the next command claims it again.
