@@ -31,7 +31,7 @@ func newDiskOnlyManager(t *testing.T) (*Manager, *agentDriver) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.qcow2")
 	if err := overlay.CreateEmpty(ctx, 2<<20, base); err != nil {
-		t.Skipf("no qemu-img: %v", err)
+		t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
 	}
 	kernel := filepath.Join(dir, "vmlinuz")
 	if err := os.WriteFile(kernel, []byte("k"), 0o600); err != nil {

@@ -72,7 +72,7 @@ func TestValidateDisks(t *testing.T) {
 	dir := t.TempDir()
 	img := filepath.Join(dir, "d.qcow2")
 	if err := overlay.CreateEmpty(context.Background(), 1<<20, img); err != nil {
-		t.Skipf("no qemu-img: %v", err)
+		t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
 	}
 	for _, c := range []struct {
 		s   Spec
@@ -169,7 +169,7 @@ func TestTemplateAndChildDisks(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.qcow2")
 	if err := overlay.CreateEmpty(ctx, 2<<20, base); err != nil {
-		t.Skipf("no qemu-img: %v", err)
+		t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
 	}
 	src := &Machine{Name: "src", Spec: Spec{Disk: base, Disks: []DiskSpec{
 		{ID: "data", File: base}, {ID: "ro", File: base, Fork: DiskShared},
@@ -235,7 +235,7 @@ func TestExportImportExtraDisks(t *testing.T) {
 	ctx := t.Context()
 	base := filepath.Join(t.TempDir(), "base.qcow2")
 	if err := overlay.CreateEmpty(ctx, 1<<20, base); err != nil {
-		t.Skipf("no qemu-img: %v", err)
+		t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
 	}
 	frozen := filepath.Join(tpl.Paths.Dir, "disk-data.qcow2")
 	if err := overlay.Create(ctx, base, frozen); err != nil {

@@ -18,7 +18,7 @@ func diskOnlySource(t *testing.T, sock string) (*vmfork.Machine, *vmfork.Templat
 	m := fakeMachine(t, "web", sock, "")
 	base := filepath.Join(t.TempDir(), "base.qcow2")
 	if err := overlay.CreateEmpty(t.Context(), 1<<20, base); err != nil {
-		t.Skipf("no qemu-img: %v", err)
+		t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
 	}
 	m.Spec.Disk = base
 	m.Paths.Disk = filepath.Join(m.Paths.Dir, "disk.qcow2")
