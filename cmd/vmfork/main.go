@@ -121,6 +121,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			treeCommand,
 			extendCommand,
 			gcCommand,
+			hostCommand,
 			reaperCommand,
 			brokerCommand,
 			ledgerServerCommand,
