@@ -19,6 +19,12 @@ options:
   name:
     description: Only this machine or kept template (and its lineage entry).
     type: str
+  host:
+    description:
+      - Also return C(host), this host's room for new machines (C(vmfork host info --json)), to place
+        children across a fleet.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - action_common_attributes
   - vmfork.vmfork.vmfork
@@ -39,6 +45,15 @@ EXAMPLES = r'''
   vmfork.vmfork.vmfork_info:
   register: vmf
 
+- name: Room for more children of the kept template golden on this host
+  vmfork.vmfork.vmfork_info:
+    host: true
+  register: vmf
+
+- name: How many more children of golden fit here
+  ansible.builtin.debug:
+    msg: "{{ (vmf.host.templates | selectattr('name', 'equalto', 'golden') | first).children_that_fit }}"
+
 - name: Names of web's children
   ansible.builtin.debug:
     msg: "{{ vmf.lineage.web.children }}"
@@ -55,6 +70,12 @@ templates:
   returned: always
   type: list
   elements: dict
+host:
+  description:
+    - With I(host), as C(vmfork host info --json) shows it; C(ram_for_new_bytes) is the memory admission lets
+      new machines take here, and each of C(templates) says C(children_that_fit).
+  returned: when I(host) is true
+  type: dict
 lineage:
   description:
     - By machine name, its C(parent), its C(template) (id) and C(kept_template) (name, when it was forked
@@ -85,12 +106,13 @@ def lineage(machines, templates):
 
 def main():
     spec = common_argument_spec()
-    spec.update(name=dict(type='str'))
+    spec.update(name=dict(type='str'), host=dict(type='bool', default=False))
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     vm = Vmfork(module)
     try:
         machines = list(vm.machines().values())
         templates = vm.templates()
+        host = vm.run(['host', 'info']) if module.params['host'] else None
     except VmforkError as e:
         vm.fail(e)
     tree = lineage(machines, templates)
@@ -99,7 +121,8 @@ def main():
         machines = [m for m in machines if m['name'] == name]
         templates = [t for t in templates if t.get('name') == name]
         tree = dict((k, v) for k, v in tree.items() if k == name)
-    module.exit_json(changed=False, machines=machines, templates=templates, lineage=tree)
+    extra = dict(host=host) if module.params['host'] else {}
+    module.exit_json(changed=False, machines=machines, templates=templates, lineage=tree, **extra)
 
 
 if __name__ == '__main__':

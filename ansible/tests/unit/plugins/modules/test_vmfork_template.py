@@ -120,6 +120,17 @@ class TestVmforkInfo(ModuleTestCase):
         res = self.ok(dict(name='web-1'))
         self.assertEqual([m['name'] for m in res['machines']], ['web-1'])
         self.assertEqual(list(res['lineage']), ['web-1'])
+        self.assertNotIn('host', res)
+        self.assertNotIn(['host', 'info', '--json'], self.fake.calls)
+
+    def test_host(self):
+        self.fake.add_machine('web')
+        self.fake.add_template('golden', 'web')
+        res = self.ok(dict(host=True))
+        self.assertEqual(self.fake.calls[-1], ['host', 'info', '--json'])
+        self.assertEqual(res['host']['machines']['running'], 1)
+        self.assertEqual(res['host']['templates'][0]['name'], 'golden')
+        self.assertEqual(res['host']['templates'][0]['children_that_fit'], 32)
 
 
 if __name__ == '__main__':

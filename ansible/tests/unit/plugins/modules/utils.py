@@ -164,6 +164,15 @@ class FakeVmfork:
                 return normalize_contract(spec['contract']), None
         return None, None
 
+    def cmd_host(self, flags, pos, multi):
+        if pos != ['info']:
+            return 2, None, 'host: unknown subcommand %r' % pos
+        running = len([m for m in self.machines.values() if m['state'] == 'running'])
+        return 0, dict(hostname='fake', driver='qemu', cpus=2, ram_for_new_bytes=8 << 30,
+                       machines=dict(running=running, stopped=len(self.machines) - running, hibernated=0, other=0),
+                       templates=[dict(name=t.get('name'), id=t['id'], source=t['source'], child_ram_bytes=256 << 20,
+                                       child_ram_basis='guest_ram', children_that_fit=32) for t in self.templates]), None
+
     def cmd_contract(self, flags, pos, multi):
         name = pos[0]
         m = self.machines.get(name)
