@@ -179,7 +179,7 @@ func (s *Spec) validateDisks() error {
 		if _, err := ParseDiskPolicy(string(d.Fork)); err != nil {
 			return fmt.Errorf("disk %q: %w", d.ID, err)
 		}
-		if err := checkImageFile("disk "+d.ID, d.File); err != nil {
+		if err := checkDiskFile("disk "+d.ID, d.File); err != nil {
 			return err
 		}
 		if err := overlay.CheckBase(d.File); err != nil {
@@ -191,6 +191,9 @@ func (s *Spec) validateDisks() error {
 
 // checkImageFile checks that path is an absolute path to a regular file.
 func checkImageFile(what, path string) error {
+	if err := refuseNetworkDisk(what, path); err != nil {
+		return err
+	}
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("%s path %q must be absolute: %w", what, path, ErrInvalid)
 	}
@@ -216,6 +219,10 @@ type DiskFile struct {
 	// Format is File's image format, "" for qcow2 (every image vmfork
 	// makes); a base image shared at boot may be raw.
 	Format string `json:"format,omitempty"`
+	// Block: File is a block device (blockdisk.go), which QEMU opens with
+	// its host_device driver. A cow disk on one is written in place until
+	// the machine's first fork freezes it.
+	Block bool `json:"block,omitempty"`
 }
 
 // diskTopName is the name of extra disk id's first top image in a
@@ -262,6 +269,14 @@ func PrepareDisks(ctx context.Context, m *Machine) error {
 		}
 		if m.Paths.Disks == nil {
 			m.Paths.Disks = map[string]DiskFile{}
+		}
+		if overlay.IsBlockDevice(d.File) {
+			f, err := blockDiskFile(d)
+			if err != nil {
+				return err
+			}
+			m.Paths.Disks[d.ID] = f
+			continue
 		}
 		if d.Policy() == DiskShared {
 			f, err := overlay.Format(d.File)
@@ -336,6 +351,11 @@ func planTemplateDisks(src *Machine, t *Template, override map[string]DiskPolicy
 		case (pol == DiskCow || pol == DiskShared) && cur.ReadOnly:
 			// Nothing to freeze: a read-only image never changes.
 			td.File, td.Format = cur.File, cur.Format
+		case (pol == DiskCow || pol == DiskShared) && cur.Block:
+			// A block device written in place: frozen where it is, the
+			// read-only base of the source's and the children's overlays
+			// from now on (blockdisk.go).
+			td.File, td.Format, td.Foreign = cur.File, cur.Format, true
 		case pol == DiskCow || pol == DiskShared:
 			td.File, td.Owned = templateDiskFile(t.Paths.Dir, d.ID), true
 		}
@@ -441,7 +461,7 @@ func makeDisk(ctx context.Context, td TemplateDisk, top string) (DiskFile, error
 	case DiskCow:
 		err = overlay.Create(ctx, td.File, top)
 	case DiskShared:
-		return DiskFile{File: td.File, ReadOnly: true, Format: td.Format}, nil
+		return DiskFile{File: td.File, ReadOnly: true, Format: td.Format, Block: overlay.IsBlockDevice(td.File)}, nil
 	default:
 		err = overlay.CreateEmpty(ctx, td.Size, top)
 	}
@@ -542,6 +562,12 @@ func refuseExtraDisks(verb string, m *Machine) error {
 func freezeStoppedDisks(ctx context.Context, src *Machine, t *Template) error {
 	for _, td := range t.Disks {
 		if !td.Frozen() {
+			continue
+		}
+		if src.Paths.Disks[td.ID].Block {
+			if err := freezeStoppedBlock(ctx, src, td); err != nil {
+				return err
+			}
 			continue
 		}
 		cur := src.Paths.Disks[td.ID].File
@@ -655,6 +681,10 @@ func (p *forkPlan) renderDisks(out *Plan) {
 		out.add("disk %q (boot disk): cow, frozen in the same pause; each child writes to its own overlay", p.source.Spec.BootDiskID())
 	}
 	for _, d := range ds {
+		if s := p.blockDiskAction(d.id, d.pol); s != "" {
+			out.add("%s", s)
+			continue
+		}
 		switch {
 		case d.pol == DiskCow:
 			out.add("disk %q: cow, frozen in the same pause; each child writes to its own overlay", d.id)

@@ -426,6 +426,10 @@ func (mg *Manager) freezeStopped(ctx context.Context, src *Machine, tpl *Templat
 	if err := freezeStoppedDisks(ctx, src, tpl); err != nil {
 		return err
 	}
+	// A block disk's top is a new name now (freezeStoppedBlock).
+	if err := mg.Store.SaveMachine(src); err != nil {
+		return err
+	}
 	return mg.frozen(ctx, src, tpl, FreezeResult{})
 }
 

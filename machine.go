@@ -178,6 +178,14 @@ func (s *Spec) Validate() error {
 		if f.path == "" {
 			continue
 		}
+		if f.what == "disk image" {
+			if err := refuseNetworkDisk("disk image", f.path); err != nil {
+				return err
+			}
+			if err := checkBootDiskNotBlock(f.path); err != nil {
+				return err
+			}
+		}
 		if !filepath.IsAbs(f.path) {
 			return fmt.Errorf("%s path %q must be absolute: %w", f.what, f.path, ErrInvalid)
 		}

@@ -46,7 +46,7 @@ func checkQcow2Header(path string) error {
 // corrupted qcow2, another format QEMU would have to be told about — is
 // refused with one line naming the file, before anything starts.
 func CheckBase(path string) error {
-	st, err := os.Stat(path)
+	size, err := fileSize(path)
 	if err != nil {
 		return fmt.Errorf("disk image: %w", err)
 	}
@@ -66,9 +66,9 @@ func CheckBase(path string) error {
 		}
 		return nil
 	case image.Type("raw"):
-		if st.Size() == 0 || st.Size()%sectorSize != 0 {
+		if size == 0 || size%sectorSize != 0 {
 			return fmt.Errorf("disk image %s: %d bytes is not a whole number of %d-byte sectors: not a disk image (want qcow2 or raw)",
-				path, st.Size(), sectorSize)
+				path, size, sectorSize)
 		}
 		return nil
 	default:

@@ -170,7 +170,14 @@ func header(f *os.File) (image.Type, int64, string, error) {
 			return "", 0, "", err
 		}
 		defer img.Close()
-		return img.Type(), img.Size(), "", nil
+		size := img.Size()
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeDevice != 0 && img.Type() == "raw" {
+			// A raw block device: go-qcow2reader takes stat's 0.
+			if size, err = deviceSize(f); err != nil {
+				return "", 0, "", err
+			}
+		}
+		return img.Type(), size, "", nil
 	}
 	if err != nil {
 		return "", 0, "", err

@@ -90,14 +90,18 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	// child gets behind them (disks.go). Read-only is a backend choice.
 	for _, d := range s.Disks {
 		f := m.Paths.Disks[d.ID]
-		ro, format := "", "qcow2"
+		ro, format, proto := "", "qcow2", "file"
 		if f.ReadOnly {
 			ro = ",read-only=on"
 		}
 		if f.Format != "" {
 			format = f.Format
 		}
-		add("-blockdev", "driver=file,filename="+optPath(f.File)+",node-name="+extraFileNode(d.ID)+ro)
+		if f.Block {
+			// QEMU (since 6.0) refuses a block device under driver=file.
+			proto = "host_device"
+		}
+		add("-blockdev", "driver="+proto+",filename="+optPath(f.File)+",node-name="+extraFileNode(d.ID)+ro)
 		add("-blockdev", "driver="+format+",file="+extraFileNode(d.ID)+",node-name="+extraNode(d.ID)+ro)
 		add("-device", "virtio-blk-pci,drive="+extraNode(d.ID)+",id="+extraDevice(d.ID))
 	}

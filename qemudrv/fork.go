@@ -146,7 +146,8 @@ func prepareExtraDisks(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machin
 		if err != nil {
 			return fmt.Errorf("disk %q: %w", td.ID, err)
 		}
-		next, err := vmfork.NextDiskTop(filepath.Dir(cur), td.ID)
+		// In the machine's directory: a block device's is /dev.
+		next, err := vmfork.NextDiskTop(src.Paths.Dir, td.ID)
 		if err != nil {
 			return err
 		}
@@ -190,6 +191,12 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 		actions := []map[string]any{{"type": "blockdev-snapshot", "data": map[string]any{"node": p.topNode, "overlay": p.node}}}
 		for _, x := range p.extras {
 			cur := src.Paths.Disks[x.id].File
+			if cur == x.frozen {
+				// A block device, frozen where it is (TemplateDisk.Foreign):
+				// no second name, it is read-only once switched.
+				actions = append(actions, map[string]any{"type": "blockdev-snapshot", "data": map[string]any{"node": x.topNode, "overlay": x.node}})
+				continue
+			}
 			if err := os.Link(cur, x.frozen); err != nil {
 				return fmt.Errorf("disk %q: %w", x.id, err)
 			}
