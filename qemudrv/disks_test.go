@@ -38,3 +38,23 @@ func TestArgvExtraDisks(t *testing.T) {
 		t.Errorf("guest-visible words differ:\n%q\n%q", g, w)
 	}
 }
+
+// TestArgvBlockDisk: a block device is opened with host_device (QEMU 6.0
+// on refuses one under driver=file), in place with the format it holds;
+// a child on an overlay over it has the same guest-visible words.
+func TestArgvBlockDisk(t *testing.T) {
+	m := testMachine()
+	m.Spec.Disks = []vmfork.DiskSpec{{ID: "data", File: "/dev/vg0/data"}}
+	m.Paths.Disks = map[string]vmfork.DiskFile{"data": {File: "/dev/vg0/data", Format: "raw", Block: true}}
+	a := strings.Join(Argv(m, ArgvOptions{}), " ")
+	want := "-blockdev driver=host_device,filename=/dev/vg0/data,node-name=xfile-data -blockdev driver=raw,file=xfile-data,node-name=xfmt-data -device virtio-blk-pci,drive=xfmt-data,id=vd-data"
+	if !strings.Contains(a, want) {
+		t.Errorf("argv lacks %q:\n%s", want, a)
+	}
+	child := testMachine()
+	child.Spec.Disks = m.Spec.Disks
+	child.Paths.Disks = map[string]vmfork.DiskFile{"data": {File: "/m/c/xdisk-data.qcow2"}}
+	if g, w := GuestVisible(Argv(child, ArgvOptions{})), GuestVisible(Argv(m, ArgvOptions{})); !slices.Equal(g, w) {
+		t.Errorf("guest-visible words differ:\n%q\n%q", g, w)
+	}
+}

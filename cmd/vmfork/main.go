@@ -113,6 +113,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 			execCommand,
 			cpCommand,
 			stopCommand, startCommand,
+			diskCommand,
 			rmCommand,
 			logsCommand,
 			libvirtCommand,
