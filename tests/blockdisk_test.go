@@ -1,0 +1,163 @@
+//go:build integration
+
+package tests
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// testLoopDevice makes a loop device on a sparse file of size bytes in a
+// temporary directory. Its cleanup is registered before the caller's env,
+// so it runs after the env has killed its QEMUs (t.Cleanup is last in,
+// first out), on every path.
+func testLoopDevice(t *testing.T, size int64) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "volume.img")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(f, size); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", f).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup cannot make a loop device (root and the loop module are needed; modprobe loop): %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+		}
+	})
+	return dev
+}
+
+// deviceSum is the sha256 of the whole device, read on the host.
+func deviceSum(t *testing.T, dev string) string {
+	t.Helper()
+	f, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// deviceHead is the first n bytes of the device, read on the host, NULs
+// dropped.
+func deviceHead(t *testing.T, dev string, n int) string {
+	t.Helper()
+	f, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return strings.ReplaceAll(string(b), "\x00", "")
+}
+
+// TestBlockDisk: a data disk on a loop device is written in place until
+// the fork; the fork freezes the device where it is, the children read the
+// source's data through their overlays and keep their writes there, the
+// source's new writes go to its overlay, and the device is not written
+// (checksummed). The commit is refused while the source runs and while a
+// child reads the device, then puts the source's writes onto the device,
+// and the source, started again, writes to it in place.
+func TestBlockDisk(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
+	dev := testLoopDevice(t, 8<<20)
+	e := newEnv(t)
+	e.boot("src", "--disk", "id=data,file="+dev)
+	const data = "/dev/vdb"
+	write := func(m, s string) {
+		t.Helper()
+		e.exec(m, "sh", "-c", "dd if=/dev/zero of="+data+" bs=16 count=1 conv=notrunc 2>/dev/null && printf "+s+" | dd of="+data+" conv=notrunc 2>/dev/null && sync")
+	}
+	read := func(m string) string {
+		t.Helper()
+		out := e.exec(m, "sh", "-c", "sync; echo 3 >/proc/sys/vm/drop_caches; dd if="+data+" bs=16 count=1 2>/dev/null | tr -d '\\000'")
+		return strings.TrimSpace(out)
+	}
+	write("src", "BEFORE")
+	if got := deviceHead(t, dev, 16); got != "BEFORE" {
+		t.Errorf("before the fork the device reads %q, want the source's BEFORE written in place", got)
+	}
+
+	if out := e.ok("fork", "src", "--dry-run").stdout; !strings.Contains(out, `disk "data": cow, block device `+dev+` frozen in the same pause: it becomes the read-only base`) {
+		t.Errorf("fork --dry-run does not say what happens to the block disk:\n%s", out)
+	}
+	e.ok("fork", "src", "c1", "c2")
+	frozen := deviceSum(t, dev)
+	for _, c := range []string{"c1", "c2"} {
+		if got := read(c); got != "BEFORE" {
+			t.Errorf("%s's data disk reads %q, want the source's BEFORE", c, got)
+		}
+	}
+	write("c1", "CHILD1")
+	write("src", "AFTER")
+	for m, want := range map[string]string{"c1": "CHILD1", "c2": "BEFORE", "src": "AFTER"} {
+		if got := read(m); got != want {
+			t.Errorf("%s's data disk reads %q, want %q", m, got, want)
+		}
+	}
+	if got := deviceSum(t, dev); got != frozen {
+		t.Errorf("the device changed after the freeze (sha256 %s, frozen %s)", got, frozen)
+	}
+
+	refused := func(says string) {
+		t.Helper()
+		r := e.vmfork("disk", "commit", "src")
+		if r.code != 2 || !strings.Contains(r.stderr, says) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Errorf("disk commit: %s; want exit 2 and one line saying %q", r, says)
+		}
+	}
+	refused(`machine is running: stop it first`)
+	e.ok("stop", "src")
+	refused(`machine "c1" still reads ` + dev)
+	e.ok("rm", "-f", "c1", "c2")
+	if got := deviceSum(t, dev); got != frozen {
+		t.Errorf("the device changed before the commit (sha256 %s, frozen %s)", got, frozen)
+	}
+	var res []struct {
+		ID     string   `json:"id"`
+		Device string   `json:"device"`
+		Layers []string `json:"layers"`
+	}
+	r := e.ok("disk", "commit", "src", "--disk", "data", "--json")
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || len(res) != 1 || res[0].Device != dev || len(res[0].Layers) == 0 {
+		t.Fatalf("disk commit --json = %s (%v), want data's overlays committed onto %s", r.stdout, err, dev)
+	}
+	if got := deviceHead(t, dev, 16); got != "AFTER" {
+		t.Errorf("after the commit the device reads %q, want the source's AFTER", got)
+	}
+	for _, l := range res[0].Layers {
+		if _, err := os.Stat(l); err == nil {
+			t.Errorf("committed overlay %s is still there", l)
+		}
+	}
+	// Back on the device in place: a write after a cold start lands on it.
+	e.ok("start", "src")
+	if got := read("src"); got != "AFTER" {
+		t.Errorf("after the commit and a start the source reads %q, want AFTER", got)
+	}
+	write("src", "INPLACE")
+	if got := deviceHead(t, dev, 16); got != "INPLACE" {
+		t.Errorf("the started source's write reads %q on the device, want INPLACE in place", got)
+	}
+	e.ok("rm", "-f", "src")
+}
