@@ -54,6 +54,12 @@ func TestRefuseNetworkDisk(t *testing.T) {
 			t.Errorf("refuseNetworkDisk(%q) = %v, want nil", p, err)
 		}
 	}
+	// On the command line, before the CLI makes the path absolute.
+	for _, arg := range []string{"rbd:pool/os", "id=data,file=nbd:h:10809", "id=data,file=https://h/d.qcow2,fork=shared"} {
+		if _, err := ParseDiskArg(arg); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), BlockDisksDoc) {
+			t.Errorf("ParseDiskArg(%q) = %v, want a network disk refused", arg, err)
+		}
+	}
 	// Both the boot disk and an extra disk, before anything else.
 	img := filepath.Join(t.TempDir(), "d.raw")
 	if err := os.WriteFile(img, make([]byte, 4096), 0o600); err != nil {

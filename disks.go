@@ -91,7 +91,8 @@ type DiskArg struct {
 // ParseDiskArg parses a --disk value.
 func ParseDiskArg(s string) (DiskArg, error) {
 	if !strings.Contains(s, "=") {
-		return DiskArg{File: s, Policy: DiskCow}, nil
+		// Refused before the CLI makes the path absolute.
+		return DiskArg{File: s, Policy: DiskCow}, refuseNetworkDisk("disk image", s)
 	}
 	var a DiskArg
 	var err error
@@ -116,7 +117,7 @@ func ParseDiskArg(s string) (DiskArg, error) {
 	if a.File == "" {
 		return a, fmt.Errorf("disk %q: file= is required: %w", s, ErrInvalid)
 	}
-	return a, nil
+	return a, refuseNetworkDisk("disk "+orBootID(a.ID), a.File)
 }
 
 // SetDisks fills s's boot disk and extra disks from --disk values: the
@@ -780,42 +781,4 @@ func dropNewDisks(c, old *Machine) {
 			os.Remove(f.File)
 		}
 	}
-}
-
-// archDiskName is extra disk id's image in a template archive.
-func archDiskName(id string) string { return "disk-" + id + ".qcow2" }
-
-// hasDiskFile reports whether name is the archive image of one of t's
-// extra disks that has an image.
-func (t *Template) hasDiskFile(name string) bool {
-	for _, d := range t.Disks {
-		if d.File != "" && archDiskName(d.ID) == name {
-			return true
-		}
-	}
-	return false
-}
-
-// importedDisks points imported template rec's extra disks at their
-// images in its directory, flattened qcow2 all; one whose image the
-// archive lacks is refused.
-func importedDisks(rec *Template, files map[string]bool) error {
-	rec.Disks = slices.Clone(rec.Disks)
-	rec.Spec.Disks = slices.Clone(rec.Spec.Disks)
-	for i, d := range rec.Disks {
-		if d.File == "" {
-			continue
-		}
-		if !files[archDiskName(d.ID)] {
-			return fmt.Errorf("archive has no image of disk %q: %w", d.ID, ErrInvalid)
-		}
-		p := filepath.Join(rec.Paths.Dir, archDiskName(d.ID))
-		rec.Disks[i].File, rec.Disks[i].Owned, rec.Disks[i].Foreign, rec.Disks[i].Format = p, true, false, ""
-		for j := range rec.Spec.Disks {
-			if rec.Spec.Disks[j].ID == d.ID {
-				rec.Spec.Disks[j].File = p
-			}
-		}
-	}
-	return nil
 }
