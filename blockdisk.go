@@ -75,6 +75,40 @@ func checkBootDiskNotBlock(path string) error {
 	return nil
 }
 
+// checkBlockDisksFree refuses a boot whose block disk another machine of
+// the store has (written in place, or the base of its overlays), or that
+// the spec gives twice: a device is one machine's, and its family's once
+// it forks. Read-only shared views of a device no one writes may be many.
+func (mg *Manager) checkBlockDisksFree(s Spec) error {
+	var ms []*Machine
+	seen := map[string]string{}
+	for _, d := range s.Disks {
+		if !overlay.IsBlockDevice(d.File) {
+			continue
+		}
+		dev := filepath.Clean(d.File)
+		if other, ok := seen[dev]; ok {
+			return fmt.Errorf("disk %q: block device %s is disk %q too: one disk per device: %w", d.ID, dev, other, ErrInvalid)
+		}
+		seen[dev] = d.ID
+		if ms == nil {
+			var err error
+			if ms, err = mg.Store.ListMachines(); err != nil {
+				return err
+			}
+		}
+		for _, m := range ms {
+			for _, o := range m.Spec.Disks {
+				if filepath.Clean(o.File) != dev || (d.Policy() == DiskShared && o.Policy() == DiskShared) {
+					continue
+				}
+				return fmt.Errorf("disk %q: block device %s is machine %q's disk %q already (written in place, or the base of its overlays): %w", d.ID, dev, m.Name, o.ID, ErrInvalid)
+			}
+		}
+	}
+	return nil
+}
+
 // blockDiskFile is extra disk d on a block device as a machine first
 // opens it: the device itself, in place (read-only when shared), with the
 // format it holds (raw, or a qcow2 written onto the volume).

@@ -311,3 +311,36 @@ func readDev(t *testing.T, dev string, n int) []byte {
 	}
 	return b
 }
+
+// TestBlockDiskOneMachine: a block device is one machine's (and its
+// family's): a boot that gives it again, to itself or beside another
+// machine that has it, is refused; read-only shared views may be many.
+func TestBlockDiskOneMachine(t *testing.T) {
+	dev := loopDevice(t, 1<<20)
+	mg, _ := newTestManager(t)
+	twice := Spec{Disks: []DiskSpec{{ID: "a", File: dev}, {ID: "b", File: dev, Fork: DiskShared}}}
+	if err := mg.checkBlockDisksFree(twice); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `is disk "a" too`) {
+		t.Errorf("one device twice = %v, want it refused", err)
+	}
+	if err := mg.checkBlockDisksFree(Spec{Disks: []DiskSpec{{ID: "data", File: dev}}}); err != nil {
+		t.Errorf("a free device = %v", err)
+	}
+	m := &Machine{Name: "a", Driver: "fake", State: StateStopped, Paths: mg.Store.MachinePaths("a"),
+		Spec: Spec{Disk: "/base", Disks: []DiskSpec{{ID: "data", File: dev}}}}
+	if err := mg.Store.CreateMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	for _, pol := range []DiskPolicy{DiskCow, DiskShared, DiskKeep} {
+		err := mg.checkBlockDisksFree(Spec{Disks: []DiskSpec{{ID: "x", File: dev, Fork: pol}}})
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `is machine "a"'s disk "data" already`) {
+			t.Errorf("%s disk on machine a's device = %v, want it refused", pol, err)
+		}
+	}
+	m.Spec.Disks[0].Fork = DiskShared
+	if err := mg.Store.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := mg.checkBlockDisksFree(Spec{Disks: []DiskSpec{{ID: "x", File: dev, Fork: DiskShared}}}); err != nil {
+		t.Errorf("a second read-only view = %v, want it taken", err)
+	}
+}

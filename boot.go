@@ -3,9 +3,11 @@ package vmfork
 import (
 	"context"
 	"fmt"
-	"github.com/vmfork/vmfork/contract"
 	"os"
 	"time"
+
+	"github.com/vmfork/vmfork/contract"
+	"github.com/vmfork/vmfork/overlay"
 )
 
 // BootRequest asks for a new machine Name made of Spec.
@@ -35,6 +37,9 @@ func (mg *Manager) planBoot(ctx context.Context, req BootRequest, l *lockSet) (*
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
 	if err := mg.checkDiskSupport(spec, nil, true); err != nil {
+		return nil, fmt.Errorf("boot %q: %w", name, err)
+	}
+	if err := mg.checkBlockDisksFree(spec); err != nil {
 		return nil, fmt.Errorf("boot %q: %w", name, err)
 	}
 	if err := l.take(ctx, name); err != nil {
@@ -74,7 +79,9 @@ func (p *bootPlan) render() *Plan {
 	out := &Plan{Command: "boot", Changed: true, Machines: []string{r.Name}, Contract: r.Contract}
 	out.add("create machine %q (%d MiB, %d CPUs) with driver %q and start it", r.Name, r.Spec.MemoryMiB, r.Spec.CPUs, p.driver)
 	for _, d := range r.Spec.Disks {
-		if d.Policy() == DiskShared {
+		if overlay.IsBlockDevice(d.File) && d.Policy() != DiskShared {
+			out.add("attach disk %q: block device %s, written in place until the first fork freezes it (then the read-only base of overlays in the state dir, until vmfork disk commit); its forks: %s", d.ID, d.File, d.Policy())
+		} else if d.Policy() == DiskShared {
 			out.add("attach disk %q: %s, read-only, shared as it is with every child", d.ID, d.File)
 		} else {
 			out.add("attach disk %q: an overlay on %s (never written); its forks: %s", d.ID, d.File, d.Policy())
