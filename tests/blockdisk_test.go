@@ -83,6 +83,22 @@ func TestBlockDisk(t *testing.T) {
 	dev := testLoopDevice(t, 8<<20)
 	e := newEnv(t)
 	e.boot("src", "--disk", "id=data,file="+dev)
+	// Bad input on a block device: refused before anything is made.
+	boot := func(name string, disks ...string) []string {
+		args := []string{"boot", name, "--kernel", e.guest.Kernel, "--initrd", e.guest.Initrd}
+		for _, d := range disks {
+			args = append(args, "--disk", d)
+		}
+		return args
+	}
+	runBadCases(t, e, []badCase{
+		{"block boot disk", boot("b", dev), 2, `disk image "` + dev + `" is a block device: only extra disks may be`},
+		{"block disk of another machine", boot("b", e.guest.Disk, "id=data,file="+dev), 2, `block device ` + dev + ` is machine "src"'s disk "data" already`},
+	}, func(t *testing.T) {
+		if ms := e.list(); len(ms) != 1 {
+			t.Errorf("machines after bad input: %v, want only src", ms)
+		}
+	})
 	const data = "/dev/vdb"
 	write := func(m, s string) {
 		t.Helper()
