@@ -59,25 +59,33 @@ func deviceSum(t *testing.T, dev string) string {
 // dropped.
 func deviceHead(t *testing.T, dev string, n int) string {
 	t.Helper()
+	return strings.ReplaceAll(string(deviceBytes(t, dev, 0, n)), "\x00", "")
+}
+
+// deviceBytes is n bytes of the device at off, read on the host.
+func deviceBytes(t *testing.T, dev string, off int64, n int) []byte {
+	t.Helper()
 	f, err := os.Open(dev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	b := make([]byte, n)
-	if _, err := f.ReadAt(b, 0); err != nil {
+	if _, err := f.ReadAt(b, off); err != nil {
 		t.Fatal(err)
 	}
-	return strings.ReplaceAll(string(b), "\x00", "")
+	return b
 }
 
 // TestBlockDisk: a data disk on a loop device is written in place until
 // the fork; the fork freezes the device where it is, the children read the
 // source's data through their overlays and keep their writes there, the
 // source's new writes go to its overlay, and the device is not written
-// (checksummed). The commit is refused while the source runs and while a
-// child reads the device, then puts the source's writes onto the device,
-// and the source, started again, writes to it in place.
+// (checksummed); a second fork freezes the source's overlay on it. The
+// commit is refused while the source runs and while a child reads the
+// device, then puts the source's writes of both overlays onto the device,
+// the forks' templates go, and the source, started again, writes to it in
+// place.
 func TestBlockDisk(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	dev := testLoopDevice(t, 8<<20)
@@ -109,6 +117,16 @@ func TestBlockDisk(t *testing.T) {
 		out := e.exec(m, "sh", "-c", "sync; echo 3 >/proc/sys/vm/drop_caches; dd if="+data+" bs=16 count=1 2>/dev/null | tr -d '\\000'")
 		return strings.TrimSpace(out)
 	}
+	// At 4 KiB, for the writes after a second fork.
+	write4k := func(m, s string) {
+		t.Helper()
+		e.exec(m, "sh", "-c", "printf "+s+" | dd of="+data+" bs=16 seek=256 conv=notrunc 2>/dev/null && sync")
+	}
+	read4k := func(m string) string {
+		t.Helper()
+		out := e.exec(m, "sh", "-c", "sync; echo 3 >/proc/sys/vm/drop_caches; dd if="+data+" bs=16 skip=256 count=1 2>/dev/null | tr -d '\\000'")
+		return strings.TrimSpace(out)
+	}
 	write("src", "BEFORE")
 	if got := deviceHead(t, dev, 16); got != "BEFORE" {
 		t.Errorf("before the fork the device reads %q, want the source's BEFORE written in place", got)
@@ -131,6 +149,13 @@ func TestBlockDisk(t *testing.T) {
 			t.Errorf("%s's data disk reads %q, want %q", m, got, want)
 		}
 	}
+	// A second fork freezes the source's overlay, as for a file disk: its
+	// writes after it are in a new overlay over that one and the device.
+	e.ok("fork", "src", "c3")
+	write4k("src", "LATER")
+	if got, got4k := read("c3"), read4k("c3"); got != "AFTER" || got4k != "" {
+		t.Errorf("c3's data disk reads %q and %q at 4 KiB, want AFTER and nothing", got, got4k)
+	}
 	if got := deviceSum(t, dev); got != frozen {
 		t.Errorf("the device changed after the freeze (sha256 %s, frozen %s)", got, frozen)
 	}
@@ -146,6 +171,8 @@ func TestBlockDisk(t *testing.T) {
 	e.ok("stop", "src")
 	refused(`machine "c1" still reads ` + dev)
 	e.ok("rm", "-f", "c1", "c2")
+	refused(`machine "c3" still reads ` + dev)
+	e.ok("rm", "-f", "c3")
 	if got := deviceSum(t, dev); got != frozen {
 		t.Errorf("the device changed before the commit (sha256 %s, frozen %s)", got, frozen)
 	}
@@ -161,6 +188,16 @@ func TestBlockDisk(t *testing.T) {
 	if got := deviceHead(t, dev, 16); got != "AFTER" {
 		t.Errorf("after the commit the device reads %q, want the source's AFTER", got)
 	}
+	if got := strings.ReplaceAll(string(deviceBytes(t, dev, 4096, 16)), "\x00", ""); got != "LATER" {
+		t.Errorf("after the commit the device reads %q at 4 KiB, want the source's LATER", got)
+	}
+	if len(res[0].Layers) != 2 {
+		t.Errorf("committed layers %v, want the source's overlay and the one the second fork froze", res[0].Layers)
+	}
+	// The forks' templates went with their children and the commit.
+	if tpls, _ := filepath.Glob(filepath.Join(e.stateDir, "templates", "*")); len(tpls) != 0 {
+		t.Errorf("templates left after the commit: %v", tpls)
+	}
 	for _, l := range res[0].Layers {
 		if _, err := os.Stat(l); err == nil {
 			t.Errorf("committed overlay %s is still there", l)
@@ -168,8 +205,8 @@ func TestBlockDisk(t *testing.T) {
 	}
 	// Back on the device in place: a write after a cold start lands on it.
 	e.ok("start", "src")
-	if got := read("src"); got != "AFTER" {
-		t.Errorf("after the commit and a start the source reads %q, want AFTER", got)
+	if got, got4k := read("src"), read4k("src"); got != "AFTER" || got4k != "LATER" {
+		t.Errorf("after the commit and a start the source reads %q and %q at 4 KiB, want AFTER and LATER", got, got4k)
 	}
 	write("src", "INPLACE")
 	if got := deviceHead(t, dev, 16); got != "INPLACE" {
