@@ -32,6 +32,13 @@ extra virtio disks with an id and a fork policy (see vmfork fork --help):
 cow (the default), shared (read-only here and in every child), fresh or
 keep (children get an empty disk of the same size).
 
+An extra disk may be a block device (an LVM volume, a partition, a loop
+device: --disk id=data,file=/dev/vg0/data). That one is written in place
+until the machine's first fork, which freezes it: from then on the machine's
+writes go to an overlay in the state dir, not to the device, until
+"vmfork disk commit" (see vmfork disk --help). The boot disk is a file.
+Network disks (rbd:, iscsi:, nbd:, URLs) are refused.
+
 --network user (the default) is QEMU's user-mode network, one private NAT
 network per machine, where --port works. bridge=BR puts the NIC on host
 bridge BR through a tap that vmfork makes and that goes with the machine;
@@ -52,7 +59,7 @@ but only the devices still plugged in.
 		&cli.StringFlag{Name: "kernel", Usage: "kernel image to boot directly"},
 		&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk for --kernel"},
 		&cli.StringFlag{Name: "append", Usage: "kernel command line for --kernel", Value: "console=ttyS0 quiet panic=-1"},
-		&cli.GenericFlag{Name: "disk", Value: &wholeValues{}, Usage: "base disk image (qcow2 or raw), never written: `PATH`, or id=ID,file=PATH[,fork=cow|shared|fresh|keep]; the first is the boot disk; repeatable"},
+		&cli.GenericFlag{Name: "disk", Value: &wholeValues{}, Usage: "base disk image (qcow2 or raw), never written (an extra disk's block device: until its first fork): `PATH`, or id=ID,file=PATH[,fork=cow|shared|fresh|keep]; the first is the boot disk; repeatable"},
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM, e.g. 512M or 2G", Value: "512M"},
 		&cli.IntFlag{Name: "cpus", Usage: "virtual CPUs", Value: 1},
 		&cli.StringSliceFlag{Name: "port", Aliases: []string{"p"}, Usage: "forward loopback HOST port to GUEST port (HOST:GUEST, or GUEST for any free host port); repeatable"},

@@ -33,7 +33,9 @@ machine back on the device, written in place, as it was before its first fork.
 Without --disk, every disk of MACHINE on a block device.
 
 The machine must be stopped (vmfork stop MACHINE; vmfork start it after): its
-overlay must not change while it is copied. Refused in one line, exit 2,
+overlay must not change while it is copied (QMP block-commit on a running
+machine is not used: docs/ARCHITECTURE.md, "Block-device disks", says why;
+the price is a guest reboot). Refused in one line, exit 2,
 while another machine or a template that is kept, hibernated or has children
 still reads the device as its base: their view of it would change. Remove
 them first (vmfork rm, vmfork template rm); a fork's own template goes with
