@@ -344,7 +344,10 @@ func (mg *Manager) commitOne(ctx context.Context, m *Machine, d DiskSpec) (DiskC
 	c := DiskCommit{Machine: m.Name, ID: d.ID, Device: d.File, Layers: []string{}}
 	cur, ok := m.Paths.Disks[d.ID]
 	if !ok || cur.Block {
-		return c, nil // never started, or written in place: nothing to commit
+		// Never started, or written in place: nothing to commit, but a
+		// top an earlier commit cut short after its record left goes.
+		RemoveOldDiskTops(m)
+		return c, nil
 	}
 	chain, err := overlay.Chain(cur.File)
 	if err != nil {
@@ -373,7 +376,7 @@ func (mg *Manager) commitOne(ctx context.Context, m *Machine, d DiskSpec) (DiskC
 		return c, err
 	}
 	// The record first: a crash after it leaves only old tops, which the
-	// next start removes (RemoveOldDiskTops).
+	// next commit or stop removes (RemoveOldDiskTops).
 	m.Paths.Disks[d.ID] = f
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return c, err
