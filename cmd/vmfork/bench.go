@@ -157,13 +157,23 @@ agent answered, children per second, a curve of ready children over time, the
 children's total and per-child PSS against N x guest RAM, and the host's
 MemAvailable before and after. The children are removed at the end.
 
+While the call runs, the host's CPU (/proc/stat) and every QEMU's
+(/proc/PID/stat) are sampled each second and split between children already
+READY (idle: under TCG each still costs a few percent of a core), children
+starting (their QEMU and identity chain), vmfork and the source, and
+everything else: where the burst's time goes. --json has every child's
+timeline and every sample; --csv and --cpu-csv write them as CSV.
+
    vmfork bench burst --count 5                      (a quick look)
-   vmfork bench burst --plot docs/bench-burst.svg    (100 children of 256 MiB)`,
+   vmfork bench burst --plot docs/bench-burst.svg    (100 children of 256 MiB)
+   vmfork bench burst --csv children.csv --cpu-csv cpu.csv`,
 	Flags: append([]cli.Flag{
 		&cli.IntFlag{Name: "count", Aliases: []string{"n"}, Usage: "children", Value: 100},
 		&cli.IntFlag{Name: "parallel", Aliases: []string{"j"}, Usage: "children started at once", Value: 4},
 		&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "guest RAM", Value: "256M"},
 		&cli.BoolFlag{Name: "busy", Usage: "run the test guest's counter in the source (and so in every child); by default it idles, as desktops waiting for their users do"},
+		&cli.StringFlag{Name: "csv", Usage: "also write each child's started, running and READY moments to `FILE` as CSV"},
+		&cli.StringFlag{Name: "cpu-csv", Usage: "also write the CPU samples (cores by whom, each second) to `FILE` as CSV"},
 	}, benchCommonFlags...),
 	Action: func(cliCtx *cli.Context) error {
 		mem, err := vmfork.ParseMemory(cliCtx.String("memory"))
@@ -175,7 +185,18 @@ MemAvailable before and after. The children are removed at the end.
 			return usageError{errors.New("--count and --parallel must be at least 1")}
 		}
 		return runBench(cliCtx, "", func(ctx context.Context, e *bench.Env) (benchResult, error) {
-			return bench.Burst(ctx, e, opt)
+			r, err := bench.Burst(ctx, e, opt)
+			if r != nil && ctx.Err() == nil {
+				for _, out := range []struct {
+					path  string
+					write func(io.Writer) error
+				}{{cliCtx.String("csv"), r.WriteChildrenCSV}, {cliCtx.String("cpu-csv"), r.WriteCPUCSV}} {
+					if out.path != "" {
+						err = errors.Join(err, writeCSV(out.path, out.write))
+					}
+				}
+			}
+			return r, err
 		})
 	},
 }
@@ -299,6 +320,18 @@ func runBench(cliCtx *cli.Context, libvirtURI string, run func(context.Context, 
 		return errors.Join(err, printJSON(res))
 	}
 	return errors.Join(err, res.WriteTable(os.Stdout))
+}
+
+// writeCSV writes a CSV file through a temporary file.
+func writeCSV(path string, write func(io.Writer) error) error {
+	var b bytes.Buffer
+	if err := write(&b); err != nil {
+		return fmt.Errorf("csv %s: %w", path, err)
+	}
+	if err := vmfork.WriteFileAtomic(path, b.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("csv %s: %w", path, err)
+	}
+	return nil
 }
 
 // writePlot writes the SVG through a temporary file, so a reader never sees

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -73,6 +75,10 @@ type BurstResult struct {
 	MemAvailBefore   int64   `json:"host_mem_available_before_bytes"`
 	MemAvailAfter    int64   `json:"host_mem_available_after_bytes"`
 	Ratios           []Ratio `json:"targets"`
+	// Children is each child's timeline (started, running, READY), in
+	// start order; CPU is where the host's CPU went during the call.
+	Children []BurstChild `json:"children"`
+	CPU      *BurstCPU    `json:"cpu,omitempty"`
 }
 
 // Burst boots a source and forks opt.Count children from it in one call.
@@ -115,11 +121,26 @@ func Burst(ctx context.Context, e *Env, opt BurstOptions) (res *BurstResult, err
 	defer e.events.reset(nil)
 	e.announce("burst: forking %d children, %d at a time", opt.Count, opt.Parallel)
 	start := time.Now()
+	samp := &cpuSampler{dir: e.dir, source: src.Name, cpus: max(e.host.CPUs, 1), events: e.events, t0: start, pressure: cpuPressure}
+	sctx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); samp.run(sctx, cpuPeriod) }()
 	fr, err = e.mgr.Fork(e.events.attach(ctx), vmfork.ForkRequest{
 		Source: src.Name, Count: opt.Count, Parallel: opt.Parallel,
 		MaxChildren: max(opt.Count, vmfork.DefaultMaxChildren),
 	})
 	wall := time.Since(start)
+	stopSampling()
+	<-sampled
+	cpu := samp.result()
+	res.CPU, res.Children = &cpu, e.events.timeline(start)
+	var chain []float64
+	for _, c := range res.Children {
+		if c.ChainCPUS > 0 {
+			chain = append(chain, c.ChainCPUS)
+		}
+	}
+	cpu.ChainCPUSeconds = spreadOf(chain)
 	if fr == nil {
 		return res, fmt.Errorf("burst: %w", err)
 	}
@@ -136,6 +157,11 @@ func Burst(ctx context.Context, e *Env, opt BurstOptions) (res *BurstResult, err
 	e.step("burst: %d of %d answer", res.Answered, opt.Count)
 	if err := e.settle(ctx); err != nil {
 		return res, err
+	}
+	idle := idleWindow(e.cfg.Settle)
+	e.announce("burst: the children's CPU at rest (%s)", idle)
+	if c, err := idleCost(ctx, e.dir, src.Name, len(fr.Children), cpu.CPUs, idle); err == nil {
+		cpu.IdleChildCores = c
 	}
 	if err := res.childMemory(fr.Children, opt.MemoryMiB); err != nil {
 		return res, err
@@ -154,6 +180,30 @@ func Burst(ctx context.Context, e *Env, opt BurstOptions) (res *BurstResult, err
 	}
 	e.step("burst: memory read")
 	return res, err
+}
+
+// cpuPeriod is how often the burst's CPU is sampled.
+const cpuPeriod = time.Second
+
+// idleWindow is how long the children's CPU at rest is measured after the
+// call and the settle: five settles, 10 s by default (a quick --settle
+// makes a quick run).
+func idleWindow(settle time.Duration) time.Duration { return max(5*settle, time.Second) }
+
+// cpuPressure returns /proc/pressure/cpu's "some avg10".
+func cpuPressure() (float64, bool) {
+	data, err := os.ReadFile("/proc/pressure/cpu")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, "avg10="); ok {
+			p, err := strconv.ParseFloat(v, 64)
+			return p, err == nil
+		}
+	}
+	return 0, false
 }
 
 // childTimes fills the spreads of the children's running, agent and ready

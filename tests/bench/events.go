@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,6 +25,20 @@ type forkEvents struct {
 	phases  map[string]map[vmfork.ChildPhase]time.Time
 	ready   []time.Time
 	notify  func() // called on each ready child
+	// running, readyAt and failed are each child's moments by name: the
+	// burst's per-child timeline and its CPU sampler's states.
+	running map[string]runningAt
+	readyAt map[string]time.Time
+	failed  map[string]time.Time
+	// readyCPU is each child's QEMU CPU seconds when it became READY
+	// (read in the hook: one small /proc file).
+	readyCPU map[string]float64
+}
+
+// runningAt is when a child's vCPUs began to run, and its QEMU.
+type runningAt struct {
+	at  time.Time
+	pid int
 }
 
 // attach returns ctx carrying the trace that feeds e.
@@ -41,9 +57,24 @@ func (e *forkEvents) attach(ctx context.Context) context.Context {
 			}
 			e.phases[i.Child][i.Phase] = i.At
 		},
+		ChildRunning: func(i vmfork.ChildRunningInfo) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.running[i.Child] = runningAt{i.At, i.PID}
+		},
+		ChildFailed: func(i vmfork.ChildFailedInfo) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.failed[i.Child] = i.At
+		},
 		ChildReady: func(i vmfork.ChildReadyInfo) {
+			cpu, cpuOK := chainCPU(i.PID)
 			e.mu.Lock()
 			e.ready = append(e.ready, i.At)
+			e.readyAt[i.Name] = i.At
+			if cpuOK {
+				e.readyCPU[i.Name] = cpu
+			}
 			n := e.notify
 			e.mu.Unlock()
 			if n != nil {
@@ -58,6 +89,34 @@ func (e *forkEvents) reset(notify func()) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.started, e.phases, e.ready, e.notify = map[string]time.Time{}, map[string]map[vmfork.ChildPhase]time.Time{}, nil, notify
+	e.running, e.readyAt, e.failed, e.readyCPU = map[string]runningAt{}, map[string]time.Time{}, map[string]time.Time{}, map[string]float64{}
+}
+
+// childState is where a child stands at a moment: not started, in its
+// start or identity chain, ready, or failed.
+type childState int
+
+const (
+	stateNone childState = iota
+	stateChain
+	stateReady
+	stateFailed
+)
+
+// state returns child's state at t.
+func (e *forkEvents) state(child string, t time.Time) childState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if at, ok := e.failed[child]; ok && !at.After(t) {
+		return stateFailed
+	}
+	if at, ok := e.readyAt[child]; ok && !at.After(t) {
+		return stateReady
+	}
+	if at, ok := e.started[child]; ok && !at.After(t) {
+		return stateChain
+	}
+	return stateNone
 }
 
 // readySince returns the moments children were ready, in ms since t0.
@@ -104,4 +163,42 @@ func (h writerHook) Fire(en *logrus.Entry) error {
 	}
 	_, err = h.w.Write(b)
 	return err
+}
+
+// BurstChild is one child's timeline in a burst, each moment in ms since
+// the fork call (0 when it never got there).
+type BurstChild struct {
+	Name      string  `json:"name"`
+	StartedMS float64 `json:"started_ms"` // it had its start slot
+	RunningMS float64 `json:"running_ms"` // its vCPUs ran
+	ReadyMS   float64 `json:"ready_ms"`   // READY: identity chain done
+	FailedMS  float64 `json:"failed_ms,omitempty"`
+	// ChainCPUS is what its QEMU had used when it became READY, in CPU
+	// seconds.
+	ChainCPUS float64 `json:"chain_cpu_s,omitempty"`
+}
+
+// timeline returns every started child's moments since t0, in start order.
+func (e *forkEvents) timeline(t0 time.Time) []BurstChild {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	since := func(at time.Time, ok bool) float64 {
+		if !ok {
+			return 0
+		}
+		return ms(at.Sub(t0))
+	}
+	var out []BurstChild
+	for name, at := range e.started {
+		c := BurstChild{Name: name, StartedMS: ms(at.Sub(t0)), ChainCPUS: e.readyCPU[name]}
+		r, ok := e.running[name]
+		c.RunningMS = since(r.at, ok)
+		ra, ok := e.readyAt[name]
+		c.ReadyMS = since(ra, ok)
+		fa, ok := e.failed[name]
+		c.FailedMS = since(fa, ok)
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b BurstChild) int { return cmp.Compare(a.StartedMS, b.StartedMS) })
+	return out
 }

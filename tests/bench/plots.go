@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 )
 
 // Colours: one per phase in the time bars, one per kind of memory in the
@@ -77,11 +78,23 @@ func verdict(r Ratio) string {
 	return "(target " + r.Target + ": missed)"
 }
 
-// Figure draws the burst: cumulative ready children over time, and memory.
+// Figure draws the burst: cumulative running and ready children over
+// time, the host's CPU by whom over the same time, and memory.
 func (r *BurstResult) Figure() Figure {
 	curve := []Point{{0, 0}}
 	for i, t := range r.ReadyAtMS {
 		curve = append(curve, Point{t / 1000, float64(i + 1)})
+	}
+	var runAt []float64
+	for _, c := range r.Children {
+		if c.RunningMS > 0 {
+			runAt = append(runAt, c.RunningMS)
+		}
+	}
+	slices.Sort(runAt)
+	running := []Point{{0, 0}}
+	for i, t := range runAt {
+		running = append(running, Point{t / 1000, float64(i + 1)})
 	}
 	budget := 0.25 * float64(r.GuestRAMBytes) / (1 << 30)
 	mem := []Bar{{Label: fmt.Sprintf("total PSS, %d children", r.Count), Segments: []Segment{{Value: float64(r.TotalPSSBytes) / (1 << 30), Color: colVmfork}}}}
@@ -90,21 +103,84 @@ func (r *BurstResult) Figure() Figure {
 		mem = append(mem, Bar{Label: "host MemAvailable drop", Segments: []Segment{{Value: float64(drop) / (1 << 30), Color: colOther}}})
 	}
 	mem = append(mem, Bar{Label: fmt.Sprintf("%d x guest RAM", r.Count), Segments: []Segment{{Value: float64(r.GuestRAMBytes) / (1 << 30), Color: colBoot}}})
-	return Figure{
+	f := Figure{
 		Title: fmt.Sprintf("Morning burst: %d children of a %s guest in one fork call (%d at a time)", r.Count, memLabel(r.MemoryMiB), r.Parallel),
 		Notes: []string{
 			"host: " + r.Host.Short(),
-			fmt.Sprintf("source paused %s; all %d answered after %s: %.2f children/s; total PSS %s = %.1f%% of %d x guest RAM",
-				fmtMS(r.PauseMS), r.Answered, fmtMS(r.WallMS), r.ChildrenPerSecond, fmtBytes(r.TotalPSSBytes), 100*r.PSSShare, r.Count),
+			fmt.Sprintf("source paused %s; %d of %d READY after %s (%d failed): %.2f children/s; total PSS %s = %.1f%% of %d x guest RAM",
+				fmtMS(r.PauseMS), r.Ready, r.Count, fmtMS(r.WallMS), len(r.Failed), r.ChildrenPerSecond, fmtBytes(r.TotalPSSBytes), 100*r.PSSShare, r.Count),
 		},
 		Columns: 1,
 		Panels: []Panel{
-			LinePanel{Title: "children whose guest agent answers", XLabel: "seconds since the fork call", YLabel: "children ready",
-				Series: []Series{{Name: "ready children (cumulative)", Color: colVmfork, Step: true, Points: curve}}, Height: 340},
-			BarPanel{Title: "memory of the whole burst", Unit: "GiB", Marks: []Mark{{Value: budget, Label: "target: 25% of N x guest RAM", Color: colBudget}},
-				Bars: mem},
+			LinePanel{Title: "children running and READY", XLabel: "seconds since the fork call", YLabel: "children",
+				Series: []Series{
+					{Name: "running (vCPUs let run, cumulative)", Color: colRunning, Step: true, Dashed: true, Points: running},
+					{Name: "READY (identity chain done, cumulative)", Color: colVmfork, Step: true, Points: curve},
+				}, Height: 340},
 		},
 	}
+	if c := r.CPU; c != nil && len(c.Samples) > 0 {
+		f.Notes = append(f.Notes, cpuNote(c))
+		f.Panels = append(f.Panels, cpuPanel(c), cpuBars(c))
+	}
+	f.Panels = append(f.Panels, BarPanel{Title: "memory of the whole burst", Unit: "GiB", Marks: []Mark{{Value: budget, Label: "target: 25% of N x guest RAM", Color: colBudget}},
+		Bars: mem})
+	return f
+}
+
+// CPU colours: the idle children's share is the TCG tax, in red.
+const (
+	colIdleKids  = "#c92a2a"
+	colChainKids = "#2f9e44"
+	colOurs      = "#1971c2"
+	colElse      = "#868e96"
+	colFree      = "#e9ecef"
+)
+
+func cpuNote(c *BurstCPU) string {
+	cs := c.CoreSeconds
+	all := cs.busy() + cs.HostIdle
+	if all <= 0 {
+		return ""
+	}
+	pct := func(v float64) float64 { return 100 * v / all }
+	return fmt.Sprintf("CPU of the call (%d CPUs): idle READY children %.0f%%, children starting %.0f%%, vmfork + source %.0f%%, other processes %.0f%%, free %.0f%%; an idle child costs %.1f%% of a core",
+		c.CPUs, pct(cs.IdleChildren), pct(cs.ChainChildren), pct(cs.Vmfork+cs.Source), pct(cs.Other), pct(cs.HostIdle), 100*c.IdleChildCores)
+}
+
+// cpuPanel draws each share of the host's CPU over the call.
+func cpuPanel(c *BurstCPU) LinePanel {
+	var idle, chain, ours, other []Point
+	for _, s := range c.Samples {
+		x := s.AtMS / 1000
+		idle, chain = append(idle, Point{x, s.IdleChildren}), append(chain, Point{x, s.ChainChildren})
+		ours, other = append(ours, Point{x, s.Vmfork + s.Source}), append(other, Point{x, s.Other})
+	}
+	last := c.Samples[len(c.Samples)-1].AtMS / 1000
+	capacity := []Point{{0, float64(c.CPUs)}, {last, float64(c.CPUs)}}
+	return LinePanel{Title: "where the host's CPU went (sampled each second)", XLabel: "seconds since the fork call", YLabel: "CPUs busy",
+		Series: []Series{
+			{Name: "READY children, idle (TCG)", Color: colIdleKids, Points: idle},
+			{Name: "children starting (QEMU + identity chain)", Color: colChainKids, Points: chain},
+			{Name: "vmfork + source", Color: colOurs, Points: ours},
+			{Name: "other processes, kernel", Color: colElse, Points: other},
+			{Name: "host CPUs", Color: colBudget, Dashed: true, Points: capacity},
+		}, Height: 300}
+}
+
+// cpuBars sums the call's CPU by whom, in core-seconds.
+func cpuBars(c *BurstCPU) BarPanel {
+	cs := c.CoreSeconds
+	return BarPanel{Title: "the call's CPU time by whom", Unit: "CPU s", Bars: []Bar{{
+		Label: fmt.Sprintf("%d CPUs x the call", c.CPUs),
+		Segments: []Segment{
+			{Name: "READY children, idle", Value: cs.IdleChildren, Color: colIdleKids},
+			{Name: "children starting", Value: cs.ChainChildren, Color: colChainKids},
+			{Name: "vmfork + source", Value: cs.Vmfork + cs.Source, Color: colOurs},
+			{Name: "other processes, kernel", Value: cs.Other, Color: colElse},
+			{Name: "free", Value: cs.HostIdle, Color: colFree},
+		},
+	}}}
 }
 
 // Figure draws both sweeps as lines, with a line proportional to guest RAM

@@ -239,6 +239,20 @@ func (r *BurstResult) WriteTable(w io.Writer) error {
 	row("source PSS", fmtBytes(r.SourcePSSBytes))
 	row("host MemAvailable before / after", fmt.Sprintf("%s / %s (%s used)", fmtBytes(r.MemAvailBefore),
 		fmtBytes(r.MemAvailAfter), fmtBytes(r.MemAvailBefore-r.MemAvailAfter)))
+	if c := r.CPU; c != nil && len(c.Samples) > 0 {
+		cs := c.CoreSeconds
+		all := cs.busy() + cs.HostIdle
+		share := func(v float64) string { return fmt.Sprintf("%.1f CPU s (%.0f%%)", v, 100*v/all) }
+		row(fmt.Sprintf("CPU of the call, %d CPUs x %.0f s", c.CPUs, all/float64(c.CPUs)), "")
+		row("  READY children, idle", share(cs.IdleChildren))
+		row("  children starting (QEMU + chain)", share(cs.ChainChildren))
+		row("  vmfork + source", share(cs.Vmfork+cs.Source))
+		row("  other processes, kernel", share(cs.Other))
+		row("  free", share(cs.HostIdle))
+		row("child's CPU until READY (median / p90 / max)", fmt.Sprintf("%.2f s / %.2f s / %.2f s",
+			c.ChainCPUSeconds.Median, c.ChainCPUSeconds.P90, c.ChainCPUSeconds.Max))
+		row("one idle READY child", fmt.Sprintf("%.1f%% of a core", 100*c.IdleChildCores))
+	}
 	for _, f := range r.Failed {
 		row("failed: "+f.Name, f.Error)
 	}

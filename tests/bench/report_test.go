@@ -53,6 +53,18 @@ func sampleBurst() *BurstResult {
 	r.PSSShare = float64(r.TotalPSSBytes) / float64(r.GuestRAMBytes)
 	all := true
 	r.Ratios = []Ratio{{Name: "children answering their agent", Value: 4, Target: "= 4", Met: &all}, atMost("total PSS / (N x guest RAM)", r.PSSShare, 0.25)}
+	r.Children = []BurstChild{
+		{Name: "c1", StartedMS: 5, RunningMS: 95, ReadyMS: 300, ChainCPUS: 0.41},
+		{Name: "c2", StartedMS: 6, RunningMS: 100, ReadyMS: 320, ChainCPUS: 0.43},
+		{Name: "c3", StartedMS: 301, RunningMS: 400, ReadyMS: 700, ChainCPUS: 0.52},
+		{Name: "c4", StartedMS: 321, RunningMS: 420, ReadyMS: 890, ChainCPUS: 0.60},
+	}
+	r.CPU = &BurstCPU{CPUs: 2, ChainCPUSeconds: Spread{0.47, 0.6, 0.6}, IdleChildCores: 0.031,
+		CoreSeconds: CPUSplit{IdleChildren: 0.02, ChainChildren: 1.2, Source: 0.05, Vmfork: 0.2, Other: 0.1, HostIdle: 0.23},
+		Samples: []CPUSample{
+			{AtMS: 450, InChain: 2, CPUSplit: CPUSplit{ChainChildren: 1.4, Source: 0.05, Vmfork: 0.3, Other: 0.1, HostIdle: 0.15}, CPUPressure: 40},
+			{AtMS: 900, Ready: 2, InChain: 2, CPUSplit: CPUSplit{IdleChildren: 0.05, ChainChildren: 1.3, Source: 0.05, Vmfork: 0.2, Other: 0.1, HostIdle: 0.3}, CPUPressure: 55},
+		}}
 	return r
 }
 
