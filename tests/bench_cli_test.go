@@ -126,8 +126,9 @@ func TestBenchBurstSmoke(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
 	b := newBenchBases(t)
+	csvPath := filepath.Join(t.TempDir(), "children.csv")
 	out, err := b.command(t, "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
-		"--settle", "200ms", "--json").Output()
+		"--settle", "200ms", "--json", "--csv", csvPath).Output()
 	if err != nil {
 		t.Fatalf("vmfork bench burst: %v\n%s", err, out)
 	}
@@ -137,12 +138,40 @@ func TestBenchBurstSmoke(t *testing.T) {
 		Answered      int       `json:"answered"`
 		ReadyAtMS     []float64 `json:"ready_at_ms"`
 		TotalPSSBytes int64     `json:"total_pss_bytes"`
+		Children      []struct {
+			Name      string
+			ReadyMS   float64 `json:"ready_ms"`
+			ChainCPUS float64 `json:"chain_cpu_s"`
+		} `json:"children"`
+		CPU struct {
+			CPUs        int `json:"cpus"`
+			CoreSeconds struct {
+				ChainChildren float64 `json:"chain_children"`
+			} `json:"core_seconds"`
+			Samples []json.RawMessage `json:"samples"`
+		} `json:"cpu"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("bench burst --json: %v\n%s", err, out)
 	}
 	if res.Count != 3 || res.Ready != 3 || res.Answered != 3 || len(res.ReadyAtMS) != 3 || res.TotalPSSBytes <= 0 {
 		t.Errorf("burst = %+v, want 3 children ready and answering, with their PSS", res)
+	}
+	// Each child's timeline, and the CPU its QEMU used until READY: a
+	// child that came up ran guest code, so its QEMU used CPU.
+	if len(res.Children) != 3 {
+		t.Errorf("children timeline: %d rows, want 3", len(res.Children))
+	}
+	for _, c := range res.Children {
+		if c.ReadyMS <= 0 || c.ChainCPUS <= 0 {
+			t.Errorf("child %s: READY at %v ms after %v CPU s, want both", c.Name, c.ReadyMS, c.ChainCPUS)
+		}
+	}
+	if len(res.CPU.Samples) == 0 || res.CPU.CPUs <= 0 || res.CPU.CoreSeconds.ChainChildren <= 0 {
+		t.Errorf("cpu = %+v, want samples and the starting children's CPU", res.CPU)
+	}
+	if data, err := os.ReadFile(csvPath); err != nil || strings.Count(string(data), "\n") != 4 {
+		t.Errorf("--csv: %v\n%s", err, data)
 	}
 	waitGoneDirs(t, b)
 }
