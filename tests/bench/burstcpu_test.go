@@ -2,7 +2,11 @@ package bench
 
 import (
 	"bytes"
+	"io"
 	"math"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +58,7 @@ func TestCPUSplit(t *testing.T) {
 	ev.reset(nil)
 	ev.started["ready"], ev.readyAt["ready"] = t0, t0.Add(time.Second)
 	ev.started["late"], ev.readyAt["late"] = t0, t0.Add(2500*time.Millisecond) // READY inside the interval
-	ev.started["new"] = t0.Add(2200 * time.Millisecond)                         // its QEMU new in the interval
+	ev.started["new"] = t0.Add(2200 * time.Millisecond)                        // its QEMU new in the interval
 	c := &cpuSampler{source: "src", cpus: 2, events: ev, t0: t0}
 	a := cpuSnap{at: t0.Add(2 * time.Second), busy: 1000, total: 5000, self: 50, procs: map[int]qemuTicks{
 		10: {"src", 300}, 11: {"ready", 80}, 12: {"late", 90}, 99: {"gone", 5},
@@ -122,5 +126,41 @@ func TestTimeline(t *testing.T) {
 	if ev.state("a", t0.Add(200*time.Millisecond)) != stateChain || ev.state("a", t0.Add(300*time.Millisecond)) != stateReady ||
 		ev.state("b", t0) != stateNone || ev.state("b", t0.Add(time.Second)) != stateFailed {
 		t.Error("states wrong")
+	}
+}
+
+// TestBurstRunRoundTrip: the CSV files a run writes read back into the
+// same timeline and CPU split.
+func TestBurstRunRoundTrip(t *testing.T) {
+	r := sampleBurst()
+	dir := t.TempDir()
+	for name, write := range map[string]func(io.Writer) error{"r-children.csv": r.WriteChildrenCSV, "r-cpu.csv": r.WriteCPUCSV} {
+		var b bytes.Buffer
+		if err := write(&b); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ReadBurstRun("r", filepath.Join(dir, "r-children.csv"), filepath.Join(dir, "r-cpu.csv"), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Children, r.Children) {
+		t.Errorf("children = %+v, want %+v", got.Children, r.Children)
+	}
+	// 0.45 s of the first sample, 0.45 s of the second.
+	if cs := got.CPU.CoreSeconds; math.Abs(cs.ChainChildren-(1.4+1.3)*0.45) > 1e-9 || math.Abs(cs.IdleChildren-0.05*0.45) > 1e-9 {
+		t.Errorf("core seconds = %+v", cs)
+	}
+	f := BurstRunsFigure("t", nil, []BurstRun{got, got}, Series{Name: "ref", Points: []Point{{0, 0}, {1, 2}}})
+	var b bytes.Buffer
+	if err := f.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	wellFormed(t, b.Bytes())
+	if _, err := ReadBurstRun("r", filepath.Join(dir, "r-cpu.csv"), filepath.Join(dir, "r-cpu.csv"), 2); err == nil {
+		t.Error("a CPU file read as a children file")
 	}
 }
