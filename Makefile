@@ -125,8 +125,12 @@ bench-peers-used: deps build guest
 	$(BIN) libvirt setup
 	$(BENCH_BIN) bench peers --guest $(GUEST_OUT) --guest-use 60% --plot docs/bench-peers-used.svg
 
+# One burst: its plot, and each child's timeline and the CPU samples as CSV
+# (docs/BENCHMARKS.md, "Burst"; several runs in one figure:
+# go run ./tests/bench/burstruns). Long: not part of make test.
 bench-burst: deps build guest
-	$(BENCH_BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg
+	$(BENCH_BIN) bench burst --guest $(GUEST_OUT) --plot docs/bench-burst.svg \
+		--csv docs/bench-burst-children.csv --cpu-csv docs/bench-burst-cpu.csv
 
 bench-scale: deps build guest
 	$(BENCH_BIN) bench scale --guest $(GUEST_OUT) --plot docs/bench-scale.svg
