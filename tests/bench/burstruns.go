@@ -113,8 +113,12 @@ func BurstRunsFigure(title string, notes []string, runs []BurstRun, ref Series) 
 			{Name: "free", Value: cs.HostIdle, Color: colFree},
 		}})
 	}
-	return Figure{Title: title, Notes: notes, Columns: 1, Panels: []Panel{
-		LinePanel{Title: "READY children (cumulative)", XLabel: "seconds since the fork call", YLabel: "children", Series: curves, Height: 360},
-		BarPanel{Title: "the fork call's CPU time by whom (2 CPUs x the call)", Unit: "CPU s", Bars: bars},
-	}}
+	panels := []Panel{LinePanel{Title: "READY children (cumulative)", XLabel: "seconds since the fork call", YLabel: "children", Series: curves, Height: 360}}
+	if len(ref.Points) > 0 {
+		// The runs alone too: next to a much slower reference their
+		// curves are squeezed against the axis.
+		panels = append(panels, LinePanel{Title: "READY children (cumulative), these runs only", XLabel: "seconds since the fork call", YLabel: "children", Series: curves[1:], Height: 320})
+	}
+	panels = append(panels, BarPanel{Title: "the fork call's CPU time by whom (2 CPUs x the call)", Unit: "CPU s", Bars: bars})
+	return Figure{Title: title, Notes: notes, Columns: 1, Panels: panels}
 }
