@@ -176,6 +176,30 @@ func TestBenchBurstSmoke(t *testing.T) {
 	waitGoneDirs(t, b)
 }
 
+// TestBenchBurstBadInput: a burst whose output files cannot be written is
+// refused in one line, exit 2, before anything boots.
+func TestBenchBurstBadInput(t *testing.T) {
+	parallel(t) // boots nothing
+	e := newEnv(t)
+	b := newBenchBases(t)
+	for _, flag := range []string{"--csv", "--cpu-csv"} {
+		cmd := b.command(t, "bench", "burst", "--guest", filepath.Dir(e.guest.Kernel), "--count", "3",
+			flag, "/nonexistent-vmfork-dir/out.csv")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("%s in a missing directory: %v, want exit 2", flag, err)
+		}
+		msg := strings.TrimSpace(stderr.String())
+		if !strings.Contains(msg, flag+" /nonexistent-vmfork-dir/out.csv: no directory") || strings.Contains(msg, "\n") {
+			t.Errorf("%s: stderr %q, want one line naming the file", flag, msg)
+		}
+	}
+	waitGoneDirs(t, b)
+}
+
 // waitGoneDirs fails the test if bench run directories under b, or QEMU
 // processes using them, are left.
 func waitGoneDirs(t *testing.T, b benchBases) {

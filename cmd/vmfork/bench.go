@@ -184,6 +184,15 @@ timeline and every sample; --csv and --cpu-csv write them as CSV.
 		if opt.Count < 1 || opt.Parallel < 1 {
 			return usageError{errors.New("--count and --parallel must be at least 1")}
 		}
+		// The files are written after minutes of burst: a missing
+		// directory is said before anything boots.
+		for _, f := range []string{"csv", "cpu-csv"} {
+			if p := cliCtx.String(f); p != "" {
+				if fi, err := os.Stat(filepath.Dir(p)); err != nil || !fi.IsDir() {
+					return usageError{fmt.Errorf("--%s %s: no directory %s to write it in", f, p, filepath.Dir(p))}
+				}
+			}
+		}
 		return runBench(cliCtx, "", func(ctx context.Context, e *bench.Env) (benchResult, error) {
 			r, err := bench.Burst(ctx, e, opt)
 			if r != nil && ctx.Err() == nil {
