@@ -16,8 +16,8 @@ import (
 //
 // On a bridge, vmfork itself creates the machine's tap (TUNSETIFF on
 // /dev/net/tun), plugs it into the bridge, and hands QEMU the open
-// descriptor (-netdev tap,fd=3). It does not go through qemu-bridge-helper,
-// because:
+// descriptor (-netdev tap,fd=3). With CAP_NET_ADMIN it does not go through
+// qemu-bridge-helper (without, it must: bridgehelper.go), because:
 //   - the helper refuses every bridge that /etc/qemu/bridge.conf does not
 //     "allow", a host file vmfork would have to own; vmfork already runs
 //     with the privilege the helper's setuid bit stands in for;
@@ -42,20 +42,24 @@ var _ vmfork.NetworkChecker = (*Driver)(nil)
 
 // CheckNetwork implements vmfork.NetworkChecker: the embedded driver has the
 // user network, a bridge that exists in this network namespace, and none.
+// Without CAP_NET_ADMIN a bridge is joined through qemu-bridge-helper
+// (bridgehelper.go), which must be able to make the tap.
 func (d *Driver) CheckNetwork(ctx context.Context, m *vmfork.Machine) error {
 	n := m.Spec.Network.Effective()
 	switch n.Kind {
 	case vmfork.NetworkUser, vmfork.NetworkNone:
 		return nil
 	case vmfork.NetworkBridge:
-		if !hasCap(unix.CAP_NET_ADMIN) {
-			// Refused before anything is made: TUNSETIFF would fail
-			// deep in the start, after the disk and the journal.
-			return fmt.Errorf("machine %q: network %s: vmfork creates the machine's tap itself, which needs CAP_NET_ADMIN: run vmfork as root, or use --network user (joining a bridge through qemu-bridge-helper is not supported yet): %w",
-				m.Name, n, vmfork.ErrUnsupported)
-		}
 		if err := vmfork.CheckBridge(n.Name); err != nil {
 			return fmt.Errorf("machine %q: %w", m.Name, err)
+		}
+		if hasCap(unix.CAP_NET_ADMIN) {
+			return nil
+		}
+		// Refused before anything is made: the helper would fail deep
+		// in the start, after the disk and the journal.
+		if _, err := bridgeHelper(n.Name); err != nil {
+			return fmt.Errorf("machine %q: network %s: %w", m.Name, n, err)
 		}
 		return nil
 	}
@@ -102,7 +106,16 @@ func (d *Driver) spawnMachine(ctx context.Context, bin string, m *vmfork.Machine
 	}
 	d.taps.Delete(m.Name)
 	if n := m.Spec.Network.Effective(); n.Kind == vmfork.NetworkBridge {
-		tap, name, err := openTap(n.Name, m.Name)
+		var tap *os.File
+		var name string
+		if hasCap(unix.CAP_NET_ADMIN) {
+			tap, name, err = openTap(n.Name, m.Name)
+		} else {
+			var helper string
+			if helper, err = bridgeHelper(n.Name); err == nil {
+				tap, name, err = helperTap(ctx, helper, n.Name)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("machine %q: %w", m.Name, err)
 		}
