@@ -45,6 +45,12 @@ func spawn(bin string, args []string, logPath string, opt spawnOptions) (*proces
 	defer logf.Close()
 	fmt.Fprintf(logf, "# %s %s\n", time.Now().UTC().Format(time.RFC3339), shellQuote(append([]string{bin}, args...)))
 	cmd := exec.Command(bin, args...)
+	if needPtracerShim() {
+		// vmfork itself, which execs QEMU in its place (ptracer.go):
+		// the PID is QEMU's.
+		cmd = exec.Command("/proc/self/exe", append([]string{bin}, args...)...)
+		cmd.Env = append(os.Environ(), ptracerShimEnv+"=1")
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = opt.extra
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

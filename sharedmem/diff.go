@@ -94,7 +94,7 @@ func copyRuns(ctx context.Context, m Mapping, dst *os.File, runs []pageRun) (int
 		}
 		got, err := unix.ProcessVMReadv(m.PID, local, remote, 0)
 		if err != nil {
-			return copied, fmt.Errorf("read guest RAM of pid %d: %w", m.PID, err)
+			return copied, fmt.Errorf("read guest RAM of pid %d: %w", m.PID, ptraceDenied(m.PID, err))
 		}
 		copied += int64(got)
 		if int64(got) != want {
