@@ -98,7 +98,7 @@ func fileHasNetAdmin(path string) bool {
 	}
 	magic := binary.LittleEndian.Uint32(buf[0:4])
 	permitted := binary.LittleEndian.Uint32(buf[4:8]) // capabilities 0-31
-	const effective = 0x000001                         // VFS_CAP_FLAGS_EFFECTIVE
+	const effective = 0x000001                        // VFS_CAP_FLAGS_EFFECTIVE
 	return magic&effective != 0 && permitted&(1<<unix.CAP_NET_ADMIN) != 0
 }
 

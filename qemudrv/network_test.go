@@ -34,4 +34,3 @@ func TestCheckNetwork(t *testing.T) {
 		}
 	}
 }
-
