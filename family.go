@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"syscall"
 )
 
 // A family is a root machine (one booted or adopted, or a template
@@ -64,8 +66,18 @@ func (m *Machine) LedgerSocket() string {
 const maxSocketPath = 107
 
 // LedgerRunDir holds the ledger sockets of machines whose own directory is
-// too deep for one (LedgerSocket); a variable for tests.
-var LedgerRunDir = "/run/vmfork/ledger"
+// too deep for one (LedgerSocket); a variable for tests. Root's is in /run;
+// another user may not write there, and gets one of its own on the tmpfs
+// its default mem dir is on (not /tmp, where a cleaner could remove the
+// socket of a long-running machine), checked to be its own.
+var LedgerRunDir = ledgerRunDir(os.Geteuid())
+
+func ledgerRunDir(uid int) string {
+	if uid == 0 {
+		return "/run/vmfork/ledger"
+	}
+	return "/dev/shm/vmfork-" + strconv.Itoa(uid) + "-ledger"
+}
 
 // PrepareLedgerSocket makes the directory of m's ledger socket where it is
 // not m's own (LedgerRunDir) and removes a socket a QEMU that is gone left
@@ -77,6 +89,19 @@ func (m *Machine) PrepareLedgerSocket() error {
 	}
 	if err := os.MkdirAll(LedgerRunDir, 0o711); err != nil {
 		return fmt.Errorf("machine %q: ledger socket: %w", m.Name, err)
+	}
+	// Anyone may make the directory first in /dev/shm: one another user
+	// owns or may write in could swap the socket.
+	st, err := os.Lstat(LedgerRunDir)
+	if err != nil {
+		return fmt.Errorf("machine %q: ledger socket: %w", m.Name, err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("machine %q: ledger socket: %s belongs to uid %d, not to you (uid %d): its owner could swap the socket; have it removed: %w",
+			m.Name, LedgerRunDir, sys.Uid, os.Geteuid(), ErrInvalid)
+	}
+	if !st.IsDir() || st.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("machine %q: ledger socket: %s is not a directory only you may write in (mode %s): remove it: %w", m.Name, LedgerRunDir, st.Mode(), ErrInvalid)
 	}
 	if err := os.Remove(sock); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("machine %q: ledger socket: %w", m.Name, err)

@@ -1,6 +1,7 @@
 package vmfork
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,5 +105,30 @@ func TestLedgerSocketOfADeepMachine(t *testing.T) {
 	}
 	if (&Machine{Name: "old", Paths: deep.Paths}).LedgerSocket() != "" {
 		t.Errorf("a machine without the port has a socket")
+	}
+}
+
+// An ordinary user's deep machines put their ledger sockets in a directory
+// of its own (it may not write in /run), and one that others may write in
+// is refused in one line.
+func TestLedgerRunDirPerUser(t *testing.T) {
+	if got := ledgerRunDir(0); got != "/run/vmfork/ledger" {
+		t.Errorf("root's: %s", got)
+	}
+	if got := ledgerRunDir(1000); got != "/dev/shm/vmfork-1000-ledger" {
+		t.Errorf("uid 1000's: %s", got)
+	}
+	run := filepath.Join(t.TempDir(), "ledger")
+	if err := os.Mkdir(run, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(run, 0o777)
+	old := LedgerRunDir
+	LedgerRunDir = run
+	t.Cleanup(func() { LedgerRunDir = old })
+	deep := &Machine{Name: "web", Spec: Spec{LedgerPort: true}, Paths: Paths{Dir: "/var/tmp/" + strings.Repeat("d", 100) + "/machines/web"}}
+	err := deep.PrepareLedgerSocket()
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), run) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a directory anyone may write in: %v; want one line refusing it", err)
 	}
 }
