@@ -35,6 +35,9 @@ import (
 // does not name it: Debian and Ubuntu's place, then Fedora's.
 var bridgeHelpers = []string{"/usr/lib/qemu/qemu-bridge-helper", "/usr/libexec/qemu-bridge-helper"}
 
+// tunDevice is the tun/tap clone device; a variable for tests.
+var tunDevice = "/dev/net/tun"
+
 // bridgeConf is the helper's allow list (compiled into it as
 // CONFIG_QEMU_CONFDIR/bridge.conf); a variable for tests.
 var bridgeConf = "/etc/qemu/bridge.conf"
@@ -59,6 +62,13 @@ func bridgeHelper(bridge string) (string, error) {
 	}
 	if err := helperPrivileged(path); err != nil {
 		return "", err
+	}
+	// Debian's helper drops to the caller's uid, keeping CAP_NET_ADMIN
+	// alone, before it opens the tun device: the caller must be allowed
+	// to open it (udev makes it 0666; some hosts keep it 0600).
+	if err := unix.Access(tunDevice, unix.R_OK|unix.W_OK); err != nil {
+		return "", fmt.Errorf("qemu-bridge-helper opens %s as you, with CAP_NET_ADMIN alone, and you may not (%v): as root, `chmod 0666 %s` (udev's default: a tap still needs CAP_NET_ADMIN), or run vmfork as root: %w",
+			tunDevice, err, tunDevice, vmfork.ErrUnsupported)
 	}
 	if err := bridgeAllowed(bridgeConf, bridge); err != nil {
 		return "", err

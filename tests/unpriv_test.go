@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -63,11 +64,21 @@ func newUnprivUser(t *testing.T) *unprivUser {
 // remove kills what still runs as the user (by PID, each checked to be the
 // user's) and deletes the user and its group.
 func (u *unprivUser) remove(t *testing.T) {
-	for _, pid := range u.processes() {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-	for deadline := time.Now().Add(10 * time.Second); len(u.processes()) > 0 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
+	// uid 0: the user was made but not looked up; nothing ran as it, and
+	// root's processes are not its.
+	if u.uid > 0 {
+		for _, pid := range u.processes() {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for deadline := time.Now().Add(10 * time.Second); len(u.processes()) > 0 && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		// What a vmfork of the user's made with its defaults outside
+		// its home (OpenStore makes the default mem dir even for `ls`).
+		mem := "/dev/shm/vmfork-" + strconv.Itoa(u.uid)
+		for _, d := range []string{mem, mem + "-ledger"} {
+			os.RemoveAll(d)
+		}
 	}
 	if out, err := exec.Command("userdel", u.name).CombinedOutput(); err != nil {
 		t.Errorf("userdel %s: %v: %s", u.name, err, out)
@@ -136,94 +147,135 @@ func privateTo(t *testing.T, path string, uid int) {
 	}
 }
 
-// TestUnprivilegedFork: an ordinary user, without capabilities or the kvm
-// group (so under TCG), boots a machine and forks it with its own default
-// state and mem dirs; what it makes is its alone, and neither it nor root
-// can run vmfork on the other's store.
-func TestUnprivilegedFork(t *testing.T) {
-	parallel(t)
-	u := newUnprivUser(t)
-	// The binary and the guest where the user may read them: the test's
-	// own copies, since the build tree or the guest cache may be closed.
-	g := testGuest(t)
-	bin := filepath.Join(u.home, "vmfork")
-	u.copyFor(t, os.Getenv("VMFORK_BIN"), bin, 0o755)
-	for _, p := range []*string{&g.Kernel, &g.Initrd, &g.Disk} {
-		dst := filepath.Join(u.home, filepath.Base(*p))
-		u.copyFor(t, *p, dst, 0o600)
-		*p = dst
-	}
-	e := newEnvGuest(t, g)
-	os.RemoveAll(e.memDir)
-	// The user's defaults; passed explicitly as well, for the harness.
-	e.bin, e.runAs = bin, u.as()
-	e.stateDir = filepath.Join(u.home, ".local", "state", "vmfork")
-	e.memDir = "/dev/shm/vmfork-" + strconv.Itoa(u.uid)
+// systemBridgeHelper is where Debian's qemu-system-common installs the
+// helper, without its setuid bit.
+const systemBridgeHelper = "/usr/lib/qemu/qemu-bridge-helper"
 
-	e.boot("src")
-	var res forkJSON
-	e.jsonOK(&res, "fork", "src")
-	if len(res.Children) != 1 || res.Children[0].State != "running" || len(res.Failed) != 0 {
-		t.Fatalf("fork as uid %d = %+v, want one running child", u.uid, res)
-	}
-	child := res.Children[0].Name
-	if got := strings.TrimSpace(e.exec(child, "sh", "-c", "echo alive")); got != "alive" {
-		t.Fatalf("child %s answers %q", child, got)
-	}
-	// A child maps its template privately: forking it takes the Diff
-	// path (its frozen file copied, its own pages read from its page map
-	// and with process_vm_readv), all of it open to the same user.
-	var res2 forkJSON
-	e.jsonOK(&res2, "fork", child)
-	if len(res2.Children) != 1 || res2.Children[0].State != "running" || len(res2.Failed) != 0 {
-		t.Fatalf("fork of child %s as uid %d = %+v, want one running child", child, u.uid, res2)
-	}
-	if got := strings.TrimSpace(e.exec(res2.Children[0].Name, "sh", "-c", "echo alive")); got != "alive" {
-		t.Fatalf("grandchild %s answers %q", res2.Children[0].Name, got)
-	}
-	// The defaults are the same store: `ls` without dir flags sees both.
-	cmd := exec.Command(u.as()[0], append(u.as()[1:], bin, "ls")...)
-	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), child) {
-		t.Fatalf("vmfork ls as the user with default dirs: %v: %s", err, out)
-	}
-
-	// Everything vmfork and QEMU made is the user's alone.
-	privateTo(t, e.stateDir, u.uid)
-	privateTo(t, e.memDir, u.uid)
-	rams, _ := filepath.Glob(filepath.Join(e.memDir, "*"))
-	if len(rams) < 4 {
-		// A child has a file of its own once it is forked (the copy
-		// its Diff freeze made); until then it maps its template.
-		t.Fatalf("RAM files %v: want those of the source, the forked child and two templates", rams)
-	}
-	for _, p := range append(rams, filepath.Join(e.stateDir, "machines", child)) {
-		privateTo(t, p, u.uid)
-	}
-	// Another user (nobody) cannot open the RAM files.
-	nobody := []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "head", "-c1"}
-	if out, err := exec.Command(nobody[0], append(nobody[1:], rams[0])...).CombinedOutput(); err == nil {
-		t.Errorf("nobody read %s: %s", rams[0], out)
-	}
-	// Root's vmfork refuses the user's store, and the user's refuses one
-	// root owns, in one line each.
-	r := exec.Command(os.Getenv("VMFORK_BIN"), "--state-dir", e.stateDir, "--mem-dir", e.memDir, "ls")
-	if out, err := r.CombinedOutput(); err == nil || !strings.Contains(string(out), "belongs to uid "+strconv.Itoa(u.uid)) {
-		t.Errorf("root's vmfork on the user's store: %v: %s; want it refused", err, out)
-	}
-	rootStore, err := os.MkdirTemp("", "vmfork-rootstore-")
+// bridgeHelpers copies the system's qemu-bridge-helper twice into a
+// directory of root's: setuid root, as a host set up for unprivileged
+// bridges has it, and plain, as Debian installs it. The system's own file
+// is left as it is; the copies go when the test ends.
+func bridgeHelpers(t *testing.T) (setuid, plain string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "vmfork-bridge-helper-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(rootStore) })
-	os.Chmod(rootStore, 0o755) // the user may look, not write
-	rootState, rootMem := filepath.Join(rootStore, "state"), filepath.Join(rootStore, "mem")
-	for _, d := range []string{rootState, rootMem} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	cmd = exec.Command(u.as()[0], append(u.as()[1:], bin, "--state-dir", rootState, "--mem-dir", rootMem, "ls")...)
-	if out, err := cmd.CombinedOutput(); err == nil || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
-		t.Errorf("the user's vmfork on root's store: %v: %s; want one line refusing it", err, out)
+	setuid, plain = filepath.Join(dir, "qemu-bridge-helper"), filepath.Join(dir, "plain-bridge-helper")
+	for _, p := range []string{setuid, plain} {
+		copyFile(t, systemBridgeHelper, p, 0o755)
+	}
+	if err := os.Chmod(setuid, os.ModeSetuid|0o755); err != nil {
+		t.Fatal(err)
+	}
+	return setuid, plain
+}
+
+func copyFile(t *testing.T, src, dst string, perm os.FileMode) {
+	t.Helper()
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatalf("%v (qemu-system-common installs it: make deps)", err)
+	}
+	if err := os.WriteFile(dst, data, perm); err != nil {
+		t.Fatal(err)
 	}
 }
+
+// bridgeConf is qemu-bridge-helper's allow list (compiled into it).
+const bridgeConf = "/etc/qemu/bridge.conf"
+
+// allowBridge adds "allow BRIDGE" to the helper's allow list for the
+// test, making the file (and /etc/qemu) where there is none, and takes
+// both back when the test ends.
+func allowBridge(t *testing.T, bridge string) {
+	t.Helper()
+	dir := filepath.Dir(bridgeConf)
+	if _, err := os.Stat(dir); os.IsNotExist(err) {
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(dir) })
+	}
+	line := "allow " + bridge + "\n"
+	_, err := os.Stat(bridgeConf)
+	existed := err == nil
+	t.Cleanup(func() {
+		if !existed {
+			if err := os.Remove(bridgeConf); err != nil {
+				t.Errorf("remove %s: %v", bridgeConf, err)
+			}
+			return
+		}
+		data, err := os.ReadFile(bridgeConf)
+		if err == nil {
+			err = os.WriteFile(bridgeConf, []byte(strings.Replace(string(data), line, "", 1)), 0o644)
+		}
+		if err != nil {
+			t.Errorf("take %q out of %s: %v", line, bridgeConf, err)
+		}
+	})
+	f, err := os.OpenFile(bridgeConf, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = f.WriteString(line)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// yamaScope is Yama's ptrace policy, absent where the kernel has no Yama.
+const yamaScope = "/proc/sys/kernel/yama/ptrace_scope"
+
+// yama1 sets Yama's ptrace_scope to 1 (Ubuntu's and Fedora's default) for
+// the test and restores it after; without Yama it says so and changes
+// nothing.
+func yama1(t *testing.T) {
+	t.Helper()
+	old, err := os.ReadFile(yamaScope)
+	if err != nil {
+		t.Logf("no Yama on this kernel (%v): ptrace_scope 1 is not exercised", err)
+		return
+	}
+	if err := os.WriteFile(yamaScope, []byte("1\n"), 0o644); err != nil {
+		t.Fatalf("set %s to 1: %v", yamaScope, err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(yamaScope, old, 0o644); err != nil {
+			t.Errorf("restore %s to %s: %v", yamaScope, strings.TrimSpace(string(old)), err)
+		}
+	})
+}
+
+// tunMode sets the tun device's mode for the test; the first call records
+// the host's, which is restored when the test ends.
+func tunMode(t *testing.T, mode os.FileMode) {
+	t.Helper()
+	const tun = "/dev/net/tun"
+	if _, ok := tunModes.LoadOrStore(t, true); !ok {
+		st, err := os.Stat(tun)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := st.Mode().Perm()
+		t.Cleanup(func() {
+			tunModes.Delete(t)
+			if err := os.Chmod(tun, old); err != nil {
+				t.Errorf("restore %s to %04o: %v", tun, old, err)
+			}
+		})
+	}
+	if err := os.Chmod(tun, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tunModes: the tests that changed the tun device's mode.
+var tunModes sync.Map
