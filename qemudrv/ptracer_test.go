@@ -17,7 +17,9 @@ func TestPtracerShimExecs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd := exec.Command(os.Args[0], "/bin/sh", "-c", `echo "$$ ${`+ptracerShimEnv+`:-unset}"; echo fd3 >&3`)
+	// As spawn runs it: /proc/self/exe, which in the forked child is
+	// still this binary.
+	cmd := exec.Command("/proc/self/exe", "/bin/sh", "-c", `echo "$$ ${`+ptracerShimEnv+`:-unset}"; echo fd3 >&3`)
 	cmd.Env = append(os.Environ(), ptracerShimEnv+"=1")
 	cmd.ExtraFiles = []*os.File{w}
 	out, err := cmd.Output()
