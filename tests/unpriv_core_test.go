@@ -87,6 +87,7 @@ func TestUnprivilegedCore(t *testing.T) {
 	if len(res.Children) != 1 || res.Children[0].State != "running" || len(res.Failed) != 0 {
 		t.Fatalf("fork as uid %d = %+v, want one running child", u.uid, res)
 	}
+	t.Logf("fork as uid %d on the bridge: pause %.1f ms, child ready in %.0f ms", u.uid, res.PauseMS, res.Children[0].ReadyMS)
 	// Identity: its own name, and an address from the bridge's DHCP
 	// server, which it reaches.
 	if got := strings.TrimSpace(e.exec("kid", "hostname")); got != "kid" {
@@ -104,6 +105,7 @@ func TestUnprivilegedCore(t *testing.T) {
 	if len(res2.Children) != 1 || res2.Children[0].State != "running" || len(res2.Failed) != 0 {
 		t.Fatalf("fork of the child as uid %d = %+v, want one running child", u.uid, res2)
 	}
+	t.Logf("fork of the child: pause %.1f ms, ready in %.0f ms", res2.PauseMS, res2.Children[0].ReadyMS)
 	if got := strings.TrimSpace(e.exec("grandkid", "sh", "-c", "echo alive")); got != "alive" {
 		t.Fatalf("grandchild answers %q", got)
 	}
