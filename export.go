@@ -160,7 +160,7 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 		return fail(err)
 	}
 	defer os.RemoveAll(tmpDir)
-	if hdr.Files, err = openFiles(ctx, t, tmpDir); err != nil {
+	if hdr.Files, err = openFiles(ctx, t, tmpDir, overlay.Flatten); err != nil {
 		return fail(err)
 	}
 	defer func() {
@@ -205,9 +205,9 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	return res, nil
 }
 
-// openFiles opens what template t's archive holds; the flattened disk is
-// written into tmpDir.
-func openFiles(ctx context.Context, t *Template, tmpDir string) (files []archiveFile, err error) {
+// openFiles opens what template t's archive holds; the disk chains are
+// flattened into tmpDir by flatten.
+func openFiles(ctx context.Context, t *Template, tmpDir string, flatten func(ctx context.Context, top, path string) error) (files []archiveFile, err error) {
 	defer func() {
 		if err != nil {
 			for _, f := range files {
@@ -239,7 +239,7 @@ func openFiles(ctx context.Context, t *Template, tmpDir string) (files []archive
 	}
 	if t.Paths.Disk != "" {
 		flat := filepath.Join(tmpDir, archDisk)
-		if err := overlay.Flatten(ctx, t.Paths.Disk, flat); err != nil {
+		if err := flatten(ctx, t.Paths.Disk, flat); err != nil {
 			return files, fmt.Errorf("flatten disk: %w", err)
 		}
 		if err := add(archDisk, flat); err != nil {
@@ -255,7 +255,7 @@ func openFiles(ctx context.Context, t *Template, tmpDir string) (files []archive
 		}
 		name := archDiskName(d.ID)
 		flat := filepath.Join(tmpDir, name)
-		if err := overlay.Flatten(ctx, d.File, flat); err != nil {
+		if err := flatten(ctx, d.File, flat); err != nil {
 			return files, fmt.Errorf("flatten disk %q: %w", d.ID, err)
 		}
 		if err := add(name, flat); err != nil {

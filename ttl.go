@@ -163,6 +163,9 @@ type ReapResult struct {
 	Failed []ChildError `json:"failed,omitempty"`
 	// Pending counts deadlines still to come and explores still running.
 	Pending int `json:"pending"`
+	// Chunks is how many chunks gc removed from the chunk store
+	// (chunks.go): those no template's chunk map names.
+	Chunks int `json:"chunks_removed,omitempty"`
 	// Next is the nearest deadline to come.
 	Next time.Time `json:"next_deadline,omitzero"`
 }
@@ -322,7 +325,10 @@ func (mg *Manager) GC(ctx context.Context) (ReapResult, error) {
 	lost, lerr := mg.giveUpLost(ctx)
 	res.Lost = append([]string{}, lost...)
 	mg.collectTemplates(ctx)
-	return res, errors.Join(err, lerr)
+	// After the templates: a template collected now frees its chunks too.
+	n, cerr := mg.Store.collectChunks()
+	res.Chunks = n
+	return res, errors.Join(err, lerr, cerr)
 }
 
 // TTLLeft is what is left of a deadline at now, rounded to seconds; zero

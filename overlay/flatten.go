@@ -14,3 +14,18 @@ func Flatten(ctx context.Context, top, path string) error {
 	}
 	return run(ctx, qemuImg(), "convert", "-U", "-q", "-f", string(format), "-O", "qcow2", top, path)
 }
+
+// FlattenAligned is Flatten with the image's metadata preallocated
+// (preallocation=metadata): every guest cluster gets a fixed place in the
+// file, in guest order, and clusters no layer holds stay holes. Two
+// flattenings of chains that differ in a few clusters then differ in those
+// clusters' bytes only, at the same offsets, which is what a chunked,
+// delta transfer (chunks.go) needs; Flatten packs the clusters, so one
+// cluster allocated in the middle moves every later one.
+func FlattenAligned(ctx context.Context, top, path string) error {
+	format, err := Format(top)
+	if err != nil {
+		return err
+	}
+	return run(ctx, qemuImg(), "convert", "-U", "-q", "-f", string(format), "-O", "qcow2", "-o", "preallocation=metadata", top, path)
+}

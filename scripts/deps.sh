@@ -9,6 +9,8 @@ pkgs=(
   libvirt-dev libvirt-daemon-system
   cpio e2fsprogs gzip
   debootstrap dnsmasq-base iproute2 iputils-ping openssh-client
+  # template push/pull tests: an sshd per simulated host (tests/hosts_test.go)
+  openssh-server
   # the nft CLI: egress tests read back the tables vmfork makes (the product
   # itself speaks netlink, never runs nft)
   nftables

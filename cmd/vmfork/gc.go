@@ -16,8 +16,9 @@ var gcCommand = &cli.Command{
 has passed, gives up kept templates whose TTL has passed (each goes once its
 last child has gone), removes the branches of explores whose process died,
 repairs forks a killed command left half-done, gives up kept templates whose
-RAM a host restart took (they can never make a child again), and removes
-templates no machine needs. Machines without a TTL are never touched.
+RAM a host restart took (they can never make a child again), removes
+templates no machine needs, and removes the chunks (template push/pull) no
+template's chunk map names. Machines without a TTL are never touched.
 
    vmfork gc --json`,
 	Flags: []cli.Flag{jsonFlag},
@@ -30,6 +31,9 @@ templates no machine needs. Machines without a TTL are never touched.
 			return show(v, &res, err, func(res *vmfork.ReapResult) {
 				fmt.Printf("removed %d machines (%s); released %d templates (%s); %d deadlines to come\n",
 					len(res.Removed), orDash(strings.Join(res.Removed, ",")), len(res.Released), orDash(strings.Join(res.Released, ",")), res.Pending)
+				if res.Chunks > 0 {
+					fmt.Printf("removed %d chunks no template needs from the chunk store\n", res.Chunks)
+				}
 				if len(res.Lost) > 0 {
 					fmt.Printf("gave up %d kept templates whose RAM a host restart took (%s)\n", len(res.Lost), strings.Join(res.Lost, ","))
 				}

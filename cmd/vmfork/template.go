@@ -32,7 +32,7 @@ of MiB; the pool is refilled at the end of every fork from the template.
    vmfork template ls
    vmfork template pool golden 8
    vmfork template rm golden`,
-	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand, templateExportCommand, templateImportCommand},
+	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand, templateExportCommand, templateImportCommand, templatePushCommand, templatePullCommand, templateServeCommand},
 }
 
 var templateSaveCommand = &cli.Command{

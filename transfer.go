@@ -1,0 +1,606 @@
+package vmfork
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A template travels between two vmforks over one byte stream (the SSH
+// session of remote.go): the sender sends the chunk manifest; the receiver
+// checks it against its host (CheckTemplate, checkHostFacts: the import's
+// check) and its name, and answers with a refusal, or with the chunks it
+// lacks and, for each, the page hashes of its own chunk at the same place
+// in its closest template; the sender sends each of those chunks as the
+// pages that differ; the receiver checks every chunk's sha256 on arrival,
+// then builds the template's files from its store under staging names and
+// renames them into place (installImport): the template appears whole or
+// not at all. No chunk travels before the check, and a chunk whose digest
+// differs is refused naming it.
+//
+// Frames: one byte of kind, four of length, the payload.
+const (
+	frameJSON  = 'J' // a message
+	frameError = 'E' // a refusal or failure: transferError, then the stream ends
+	frameChunk = 'C' // 32 bytes of digest, then encodeChunk's bitmap and pages
+	frameEnd   = 'F' // no more chunks
+	frameAlive = 'K' // keepalive while one side works without sending
+)
+
+// transferProto is the protocol's version, in the first message.
+const transferProto = 1
+
+// maxFrame bounds what one frame may make the reader allocate.
+const maxFrame = 64 << 20
+
+// wire is one side of a transfer's stream: framed, counted, and watched
+// for silence (idle).
+type wire struct {
+	r        *bufio.Reader
+	w        *bufio.Writer
+	mu       sync.Mutex // writers: the work and the keepalive ticker
+	in, out  atomic.Int64
+	lastRead atomic.Int64 // unix nanoseconds
+	peer     string       // names the other side in errors
+}
+
+func newWire(r io.Reader, w io.Writer, peer string) *wire {
+	c := &wire{r: bufio.NewReaderSize(r, 1<<20), w: bufio.NewWriterSize(w, 1<<20), peer: peer}
+	c.lastRead.Store(time.Now().UnixNano())
+	return c
+}
+
+func (c *wire) send(kind byte, payload []byte, flush bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var h [5]byte
+	h[0] = kind
+	binary.BigEndian.PutUint32(h[1:], uint32(len(payload)))
+	if _, err := c.w.Write(h[:]); err != nil {
+		return c.lost(err)
+	}
+	if _, err := c.w.Write(payload); err != nil {
+		return c.lost(err)
+	}
+	c.out.Add(int64(len(payload) + 5))
+	if flush {
+		if err := c.w.Flush(); err != nil {
+			return c.lost(err)
+		}
+	}
+	return nil
+}
+
+func (c *wire) sendJSON(v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.send(frameJSON, data, true)
+}
+
+// transferError is a refusal or failure sent to the other side: the message
+// and the kind of error it wraps, so that exit codes survive the trip.
+type transferError struct {
+	Error string `json:"error"`
+	Kind  string `json:"kind,omitempty"`
+}
+
+var errorKinds = map[string]error{"unsupported": ErrUnsupported, "exists": ErrExists, "invalid": ErrInvalid, "not-found": ErrNotFound}
+
+// sendError tells the other side why this side stops; best effort.
+func (c *wire) sendError(err error) {
+	te := transferError{Error: err.Error()}
+	for k, e := range errorKinds {
+		if errors.Is(err, e) {
+			te.Kind = k
+		}
+	}
+	data, _ := json.Marshal(te)
+	_ = c.send(frameError, data, true)
+}
+
+// recv returns the next frame that is not a keepalive.
+func (c *wire) recv() (byte, []byte, error) {
+	for {
+		var h [5]byte
+		if _, err := io.ReadFull(c.r, h[:]); err != nil {
+			return 0, nil, c.lost(err)
+		}
+		n := binary.BigEndian.Uint32(h[1:])
+		if n > maxFrame {
+			return 0, nil, fmt.Errorf("%s sent a frame of %d bytes: %w", c.peer, n, ErrInvalid)
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(c.r, payload); err != nil {
+			return 0, nil, c.lost(err)
+		}
+		c.in.Add(int64(n) + 5)
+		c.lastRead.Store(time.Now().UnixNano())
+		switch h[0] {
+		case frameAlive:
+			continue
+		case frameError:
+			var te transferError
+			if json.Unmarshal(payload, &te) != nil || te.Error == "" {
+				return 0, nil, fmt.Errorf("%s failed: %q", c.peer, payload)
+			}
+			if e := errorKinds[te.Kind]; e != nil {
+				return 0, nil, fmt.Errorf("%s: %s: %w", c.peer, strings.TrimSuffix(te.Error, ": "+e.Error()), e)
+			}
+			return 0, nil, fmt.Errorf("%s: %s", c.peer, te.Error)
+		}
+		return h[0], payload, nil
+	}
+}
+
+func (c *wire) recvJSON(v any) error {
+	kind, payload, err := c.recv()
+	if err != nil {
+		return err
+	}
+	if kind != frameJSON {
+		return fmt.Errorf("%s sent frame %q, want a message: %w", c.peer, kind, ErrInvalid)
+	}
+	if err := json.Unmarshal(payload, v); err != nil {
+		return fmt.Errorf("%s sent a bad message: %w", c.peer, asInvalid(err))
+	}
+	return nil
+}
+
+func (c *wire) lost(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("connection to %s closed: %w", c.peer, io.ErrUnexpectedEOF)
+	}
+	return fmt.Errorf("connection to %s: %w", c.peer, err)
+}
+
+// working sends keepalives every interval until the returned func is
+// called: the other side's idle watch (watchIdle) then does not take a long
+// local step (cutting a 4 GiB template, building its files) for a dead link.
+func (c *wire) working(interval time.Duration) (done func()) {
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if c.send(frameAlive, nil, true) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(stop) }
+}
+
+// watchIdle calls abort once nothing has been read for idle; the returned
+// func stops the watch.
+func (c *wire) watchIdle(idle time.Duration, abort func()) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(min(idle/4, time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if time.Since(time.Unix(0, c.lastRead.Load())) > idle {
+					abort()
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// keepaliveEvery is how often a side that works without sending says it is alive.
+const keepaliveEvery = 5 * time.Second
+
+// Messages.
+type (
+	// transferHello opens a session: Op "receive" (the client pushes, the
+	// server receives as Name) or "send" (the client pulls Name).
+	transferHello struct {
+		Proto int    `json:"proto"`
+		Op    string `json:"op"`
+		Name  string `json:"name"`
+	}
+	manifestMsg struct {
+		Manifest chunkManifest `json:"manifest"`
+	}
+	// wantMsg is the receiver's answer to the manifest: the chunks it
+	// lacks, each with its base.
+	wantMsg struct {
+		Base   string      `json:"base,omitempty"` // the template diffed against
+		Chunks []chunkWant `json:"chunks"`
+	}
+	chunkWant struct {
+		Digest string `json:"sha256"`
+		// Pages are 8 bytes of sha256 per page of the receiver's chunk at
+		// the same file and offset; none: diff against zeros.
+		Pages []byte `json:"pages,omitempty"`
+	}
+)
+
+// ReceiveResult is what the receiving host made of a transfer.
+type ReceiveResult struct {
+	Name       string  `json:"name"`
+	ID         string  `json:"id"`
+	Base       string  `json:"base,omitempty"`
+	Chunks     int     `json:"chunks"`
+	ChunksSent int     `json:"chunks_sent"`
+	Stored     int64   `json:"stored_bytes"`
+	Logical    int64   `json:"logical_bytes"`
+	Elapsed    float64 `json:"elapsed_ms"`
+}
+
+// sendTemplate is the sending side: m is the template's manifest. It
+// returns what the receiver made of it.
+func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, progress func(done, total int64)) (*ReceiveResult, error) {
+	if err := c.sendJSON(manifestMsg{Manifest: *m}); err != nil {
+		return nil, err
+	}
+	var want wantMsg
+	if err := c.recvJSON(&want); err != nil {
+		return nil, err // the receiver's refusal: nothing was sent
+	}
+	at := m.where()
+	cs := mg.Store.chunkStore()
+	var total, done int64
+	for _, w := range want.Chunks {
+		a, ok := at[w.Digest]
+		if !ok {
+			err := fmt.Errorf("%s asked for chunk %s, which template %s has not: %w", c.peer, w.Digest, m.Template.ID, ErrInvalid)
+			c.sendError(err)
+			return nil, err
+		}
+		total += a.ref.Len
+	}
+	buf, frame := make([]byte, chunkSize), make([]byte, 0, chunkSize+chunkSize/chunkPage/8+64)
+	for _, w := range want.Chunks {
+		if err := ctx.Err(); err != nil {
+			c.sendError(err)
+			return nil, err
+		}
+		// Read as stored, not checked again: the receiver checks every
+		// chunk against the manifest's digest, and refuses a bad one.
+		b, err := readChunkFile(cs.path(w.Digest), buf)
+		if err != nil {
+			c.sendError(err)
+			return nil, err
+		}
+		var base []byte
+		if len(w.Pages) > 0 {
+			base = w.Pages
+		}
+		frame = encodeChunk(frame, w.Digest, b, base)
+		if err := c.send(frameChunk, frame, false); err != nil {
+			return nil, err
+		}
+		done += at[w.Digest].ref.Len
+		if progress != nil {
+			progress(done, total)
+		}
+	}
+	if err := c.send(frameEnd, nil, true); err != nil {
+		return nil, err
+	}
+	var res ReceiveResult
+	if err := c.recvJSON(&res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// readChunkFile reads a stored chunk as it is.
+func readChunkFile(path string, buf []byte) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("chunk %s: %w", filepath.Base(path), err)
+	}
+	defer f.Close()
+	n, err := io.ReadFull(f, buf[:cap(buf)])
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("chunk %s: %w", filepath.Base(path), err)
+	}
+	return buf[:n], nil
+}
+
+// receiveTemplate is the receiving side: it keeps what c's sender sends as
+// template name (the manifest's own name when empty). Every error is also
+// sent to the sender.
+func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, progress func(done, total int64)) (res *ReceiveResult, err error) {
+	defer func() {
+		if err != nil {
+			c.sendError(err)
+		}
+	}()
+	start := time.Now()
+	var msg manifestMsg
+	if err := c.recvJSON(&msg); err != nil {
+		return nil, err
+	}
+	m := &msg.Manifest
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	if name == "" {
+		name = m.Template.Name
+	}
+	if name == "" {
+		return nil, fmt.Errorf("template %s has no name: give one: %w", m.Template.ID, ErrInvalid)
+	}
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	t := m.Template
+	// The import's check, before a chunk travels: the record's paths are
+	// the other host's, nothing may be cached there.
+	check := t
+	check.Paths = TemplatePaths{}
+	if err := mg.CheckTemplate(ctx, &check); err != nil {
+		return nil, err
+	}
+	if err := checkHostFacts(&t, m.Host); err != nil {
+		return nil, fmt.Errorf("template %s: %w", t.ID, err)
+	}
+	unlock, err := mg.Store.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := mg.Store.LoadMachine(name); err == nil {
+		return nil, fmt.Errorf("a machine is named %q: %w", name, ErrExists)
+	}
+	if k, err := mg.Store.FindKept(name); err == nil {
+		return nil, fmt.Errorf("template %s is kept as %q: %w", k.ID, name, ErrExists)
+	}
+	cs := mg.Store.chunkStore()
+	unlockStore, err := cs.lock(false)
+	if err != nil {
+		return nil, err
+	}
+	defer unlockStore()
+	want, baseOf, err := mg.Store.wanted(m)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.sendJSON(want); err != nil {
+		return nil, err
+	}
+	if err := mg.Store.receiveChunks(ctx, c, m, want, baseOf, progress); err != nil {
+		return nil, err
+	}
+	alive := c.working(keepaliveEvery)
+	rec, err := mg.Store.buildTemplate(ctx, m, name)
+	alive()
+	if err != nil {
+		return nil, err
+	}
+	res = &ReceiveResult{Name: name, ID: rec.ID, Base: want.Base, Chunks: len(m.where()), ChunksSent: len(want.Chunks), Stored: m.stored()}
+	for _, f := range m.Files {
+		res.Logical += f.Size
+	}
+	res.Elapsed = ms(time.Since(start))
+	mg.Log.WithFields(map[string]any{"template": rec.ID, "name": name, "peer": c.peer}).Info("template received")
+	if err := c.sendJSON(res); err != nil {
+		return res, nil // kept here; only the sender's answer is lost
+	}
+	return res, nil
+}
+
+// wanted returns the chunks of m this store lacks, each with the page
+// hashes of its base: the chunk at the same file and offset in the local
+// template that shares the most chunks with m (baseOf maps a wanted digest
+// to the base chunk's digest).
+func (s *Store) wanted(m *chunkManifest) (*wantMsg, map[string]string, error) {
+	cs := s.chunkStore()
+	at := m.where()
+	var base *chunkManifest
+	var baseID string
+	ts, err := s.ListTemplates()
+	if err != nil {
+		return nil, nil, err
+	}
+	best := 0
+	for _, t := range ts {
+		bm := loadChunkMap(t.Paths.Dir)
+		if bm == nil {
+			continue
+		}
+		n := 0
+		for d := range bm.where() {
+			if _, ok := at[d]; ok {
+				n++
+			}
+		}
+		if n > best || (n == best && base != nil && t.Created.After(base.Template.Created)) {
+			best, base, baseID = n, bm, t.ID
+		}
+	}
+	baseChunks := map[string]map[int64]string{}
+	if base != nil {
+		for _, f := range base.Files {
+			byOff := map[int64]string{}
+			for _, c := range f.Chunks {
+				byOff[c.Off] = c.Digest
+			}
+			baseChunks[f.Name] = byOff
+		}
+	}
+	want := &wantMsg{Base: baseID, Chunks: []chunkWant{}}
+	baseOf := map[string]string{}
+	buf := make([]byte, chunkSize)
+	digests := make([]string, 0, len(at))
+	for d := range at {
+		digests = append(digests, d)
+	}
+	// In file and offset order: the sender reads its store in order.
+	sort.Slice(digests, func(i, j int) bool {
+		a, b := at[digests[i]], at[digests[j]]
+		return a.file < b.file || (a.file == b.file && a.ref.Off < b.ref.Off)
+	})
+	for _, d := range digests {
+		if cs.has(d) {
+			continue
+		}
+		w := chunkWant{Digest: d}
+		a := at[d]
+		if bd := baseChunks[a.file][a.ref.Off]; bd != "" {
+			if b, err := cs.read(bd, buf); err == nil && int64(len(b)) == a.ref.Len {
+				w.Pages = pageHashes(b)
+				baseOf[d] = bd
+			}
+		}
+		want.Chunks = append(want.Chunks, w)
+	}
+	return want, baseOf, nil
+}
+
+// receiveChunks reads the wanted chunks until the end frame, rebuilds each
+// over its base, checks its sha256 against the manifest and stores it.
+func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, want *wantMsg, baseOf map[string]string, progress func(done, total int64)) error {
+	cs := s.chunkStore()
+	at := m.where()
+	pending := map[string]bool{}
+	var total, done int64
+	for _, w := range want.Chunks {
+		pending[w.Digest] = true
+		total += at[w.Digest].ref.Len
+	}
+	out, bbuf := make([]byte, chunkSize), make([]byte, chunkSize)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		kind, payload, err := c.recv()
+		if err != nil {
+			return err
+		}
+		if kind == frameEnd {
+			break
+		}
+		if kind != frameChunk || len(payload) < 32 {
+			return fmt.Errorf("%s sent frame %q, want a chunk: %w", c.peer, kind, ErrInvalid)
+		}
+		d := hex.EncodeToString(payload[:32])
+		if !pending[d] {
+			return fmt.Errorf("%s sent chunk %s, which was not asked for: %w", c.peer, d, ErrInvalid)
+		}
+		a := at[d]
+		var base []byte
+		if bd := baseOf[d]; bd != "" {
+			if base, err = cs.read(bd, bbuf); err != nil {
+				return err
+			}
+		}
+		b, err := decodeChunk(payload[32:], base, int(a.ref.Len), out)
+		if err == nil {
+			if got := sha256Hex(b); got != d {
+				err = fmt.Errorf("sha256 %s", got)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("chunk %s (%s at %d) from %s: %v: corrupted in transit or in the sender's store: refused: %w", d, a.file, a.ref.Off, c.peer, err, ErrInvalid)
+		}
+		if err := cs.put(d, b); err != nil {
+			return err
+		}
+		delete(pending, d)
+		done += a.ref.Len
+		if progress != nil {
+			progress(done, total)
+		}
+	}
+	for d := range pending {
+		return fmt.Errorf("%s ended without chunk %s (%d missing): %w", c.peer, d, len(pending), ErrInvalid)
+	}
+	return nil
+}
+
+// buildTemplate writes m's files from the store under staging names, each
+// chunk checked again as it is read, and installs them as template name
+// (installImport: renames, then the record), with m's chunk map beside.
+func (s *Store) buildTemplate(ctx context.Context, m *chunkManifest, name string) (*Template, error) {
+	st := &staged{files: map[string]bool{}}
+	defer st.remove()
+	s.sweepStaging()
+	var err error
+	if st.dir, err = os.MkdirTemp(filepath.Join(s.StateDir, dirTemplates), stagingPrefix("import")); err != nil {
+		return nil, err
+	}
+	cs := s.chunkStore()
+	buf := make([]byte, chunkSize)
+	for _, f := range m.Files {
+		var out *os.File
+		if f.Name == archRAM {
+			out, err = os.CreateTemp(s.MemDir, stagingPrefix("import")+"*"+ramSuffix+".tmp")
+			if err == nil {
+				st.ram = out.Name()
+			}
+		} else {
+			out, err = os.OpenFile(filepath.Join(st.dir, f.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		}
+		if err != nil {
+			return nil, err
+		}
+		err = writeChunked(ctx, cs, out, f, buf)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("file %s: %w", f.Name, err)
+		}
+		st.files[f.Name] = true
+	}
+	t := m.Template
+	rec, err := s.installImport(&t, name, st)
+	if err != nil {
+		return nil, err
+	}
+	// The map makes this template a base for later transfers, and keeps
+	// its chunks from gc.
+	local := *m
+	local.Template = *rec
+	if err := writeJSON(filepath.Join(rec.Paths.Dir, fileChunkMap), &local); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+func writeChunked(ctx context.Context, cs *chunkStore, out *os.File, f chunkedFile, buf []byte) error {
+	if err := out.Truncate(f.Size); err != nil {
+		return err
+	}
+	for _, c := range f.Chunks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		b, err := cs.read(c.Digest, buf)
+		if err != nil {
+			return err
+		}
+		if _, err := out.WriteAt(b, c.Off); err != nil {
+			return err
+		}
+	}
+	return out.Sync()
+}
