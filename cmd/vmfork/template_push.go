@@ -147,4 +147,3 @@ var templateServeCommand = &cli.Command{
 		})
 	},
 }
-

@@ -1,0 +1,104 @@
+//go:build integration
+
+package tests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// BenchmarkPush compares template push (chunks.go, transfer.go) with the
+// whole-archive path, export + copy (scp over the same SSH link) + import,
+// between the two simulated hosts of hosts_test.go: a test guest of
+// VMFORK_PUSH_MEM MiB (default 2048) holding 60% of its RAM in non-zero
+// data (BenchmarkExportImport's fill), kept as a template and sent to an
+// empty host (fresh); then the guest writes VMFORK_PUSH_DELTA MiB (default
+// 64) of new data, is kept again, and the second template goes both ways
+// to the host that has the first (delta).
+//
+//	VMFORK_BIN=$PWD/bin/vmfork VMFORK_GUEST=/var/cache/vmfork/guest \
+//	  go test -tags integration -run '^$' -bench BenchmarkPush -benchtime 1x ./tests/
+func BenchmarkPush(b *testing.B) {
+	memMiB, deltaMiB := envInt(b, "VMFORK_PUSH_MEM", 2048), envInt(b, "VMFORK_PUSH_DELTA", 64)
+	const fillChunk = 32
+	fillMiB := memMiB * 60 / 100 / fillChunk * fillChunk
+	r := newHostRig(b)
+	a, h := r.hosts[0], r.hosts[1]
+	a.boot("src", "--memory", strconv.Itoa(memMiB)+"M")
+	script := fmt.Sprintf(`set -e
+mkdir -p /fill && mount -t tmpfs -o size=%dm vmfork-fill /fill
+head -c %dm /dev/urandom >/fill/chunk
+i=1; set --; while [ $i -le %d ]; do set -- "$@" /fill/chunk; i=$((i + 1)); done
+cat "$@" >/fill/data && rm /fill/chunk && sync`, fillMiB+fillChunk+deltaMiB+1, fillChunk, fillMiB/fillChunk)
+	if r := a.vmfork("--timeout", "10m", "exec", "src", "--", "sh", "-c", script); r.code != 0 {
+		b.Fatalf("fill the guest: %s", r)
+	}
+	a.ok("template", "save", "src", "golden")
+
+	dir := b.TempDir()
+	wholePath := func(name string) (exp, cp, imp float64, size int64) {
+		file := filepath.Join(dir, name+".vmt")
+		start := time.Now()
+		var ex exportJSON
+		a.jsonOK(&ex, "--timeout", "10m", "template", "export", name, file)
+		exp = msSince(start)
+		start = time.Now()
+		dst := filepath.Join(dir, name+"-copied.vmt")
+		out, err := exec.Command("ip", "netns", "exec", a.ns, "scp", "-q", "-F", r.sshCF, file, h.addr+":"+dst).CombinedOutput()
+		if err != nil {
+			b.Fatalf("scp %s: %v: %s", file, err, out)
+		}
+		cp = msSince(start)
+		start = time.Now()
+		h.ok("--timeout", "10m", "template", "import", dst, "--as", name+"-imported")
+		imp = msSince(start)
+		return exp, cp, imp, ex.Archive
+	}
+	push := func(name string) (transferJSON, float64) {
+		start := time.Now()
+		var p transferJSON
+		a.jsonOK(&p, append([]string{"template", "push", name, h.addr}, r.transfer()...)...)
+		return p, msSince(start)
+	}
+	row := func(k string, ms float64, bytes int64) {
+		fmt.Printf("%-46s %10.0f ms %10.1f MiB\n", k, ms, mib(bytes))
+	}
+	fmt.Printf("\npush vs export + scp + import, test guest %d MiB with %d MiB non-zero, delta %d MiB\n", memMiB, fillMiB, deltaMiB)
+	e1, c1, i1, s1 := wholePath("golden")
+	row("fresh: export", e1, 0)
+	row("fresh: scp (archive)", c1, s1)
+	row("fresh: import", i1, 0)
+	row("fresh: export + scp + import", e1+c1+i1, s1)
+	p1, t1 := push("golden")
+	row("fresh: push (bytes out)", t1, p1.BytesOut)
+
+	a.exec("src", "sh", "-c", fmt.Sprintf("head -c %dm /dev/urandom >/fill/delta && sync", deltaMiB))
+	a.ok("template", "save", "src", "golden-v2")
+	p2, t2 := push("golden-v2")
+	row("delta: push (bytes out)", t2, p2.BytesOut)
+	row("delta: push (bytes in: page hashes)", 0, p2.BytesIn)
+	pages, _ := a.differing(templateID(b, a.env, "golden"), templateID(b, a.env, "golden-v2"))
+	row("delta: pages that differ", 0, pages)
+	e2, c2, i2, s2 := wholePath("golden-v2")
+	row("delta: export + scp + import", e2+c2+i2, s2)
+	b.ReportMetric(t1, "push_fresh_ms")
+	b.ReportMetric(e1+c1+i1, "export_copy_import_ms")
+	b.ReportMetric(t2, "push_delta_ms")
+	b.ReportMetric(mib(p2.BytesOut), "push_delta_MiB")
+}
+
+func envInt(b testing.TB, name string, def int) int {
+	if s := os.Getenv(name); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			b.Fatalf("%s=%q: want a positive number", name, s)
+		}
+		return n
+	}
+	return def
+}
