@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestChunkCodec(t *testing.T) {
@@ -216,5 +217,34 @@ func TestTransferLoopback(t *testing.T) {
 	res, sendErr, recvErr = transferPair(t, from, to, "golden", "copy2")
 	if sendErr != nil || recvErr != nil || res.ChunksSent != 0 || res.Base == "" {
 		t.Fatalf("second transfer: %+v, sender %v, receiver %v; want no chunk sent", res, sendErr, recvErr)
+	}
+}
+
+// A link that goes silent (an ssh whose other end hangs) is given up after
+// the idle timeout, not waited on forever.
+func TestTransferIdleTimeout(t *testing.T) {
+	mg, _ := newTestManager(t)
+	keptFake(t, mg)
+	hang := filepath.Join(t.TempDir(), "ssh")
+	if err := os.WriteFile(hang, []byte("#!/bin/sh\nexec sleep 60\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := mg.Push(t.Context(), TransferRequest{Name: "golden", Remote: Remote{Dest: "host2"}, SSH: hang, Idle: 300 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "host2 sent nothing for 300ms: gave up") {
+		t.Fatalf("push over a silent link: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the silent link was given up after %v", d)
+	}
+	// The serving side gives up too.
+	r, w := io.Pipe()
+	defer w.Close()
+	aborted := make(chan struct{})
+	go mg.Serve(t.Context(), r, io.Discard, 200*time.Millisecond, func() { close(aborted); r.Close() })
+	select {
+	case <-aborted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not give up a silent session")
 	}
 }
