@@ -149,6 +149,7 @@ UsePAM no
 StrictModes no
 PidFile none
 LogLevel ERROR
+Subsystem sftp /usr/lib/openssh/sftp-server
 SetEnv VMFORK_STATE_DIR=%s VMFORK_MEM_DIR=%s
 `, h.addr, filepath.Join(h.dir, "hostkey"), filepath.Join(r.dir, "authorized_keys"), h.stateDir, h.memDir)
 	if err := os.WriteFile(conf, []byte(cf), 0o600); err != nil {
