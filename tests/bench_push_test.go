@@ -57,6 +57,11 @@ cat "$@" >/fill/data && rm /fill/chunk && sync`, fillMiB+fillChunk+deltaMiB+1, f
 		start = time.Now()
 		h.ok("--timeout", "10m", "template", "import", dst, "--as", name+"-imported")
 		imp = msSince(start)
+		// The import was only timed: its RAM would hold the mem dir.
+		h.ok("template", "rm", name+"-imported")
+		h.ok("gc")
+		os.Remove(dst)
+		os.Remove(file)
 		return exp, cp, imp, ex.Archive
 	}
 	push := func(name string) (transferJSON, float64) {
