@@ -133,7 +133,7 @@ func TestParseRemote(t *testing.T) {
 
 // transferPair runs a transfer of template name from mg's store to to's
 // over pipes, as push and pull do over SSH; it returns both sides' errors.
-func transferPair(t *testing.T, from, to *Manager, name, as string) (*ReceiveResult, error, error) {
+func transferPair(t *testing.T, from, to *Manager, name, as string, edit ...func(*chunkManifest)) (*ReceiveResult, error, error) {
 	t.Helper()
 	ar, bw := io.Pipe()
 	br, aw := io.Pipe()
@@ -150,6 +150,9 @@ func transferPair(t *testing.T, from, to *Manager, name, as string) (*ReceiveRes
 	m, err := from.chunked(ctx, name)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, e := range edit {
+		e(m)
 	}
 	res, sendErr := from.sendTemplate(ctx, sender, m, nil)
 	aw.Close()
@@ -172,6 +175,18 @@ func TestTransferLoopback(t *testing.T) {
 	}
 
 	to := NewManager(newTestStore(t), &hostDriver{&linkDriver{fakeDriver: newFakeDriver()}, "7.2.0"}, nil)
+	// A guest that saw a CPU flag this host lacks (-cpu host): refused
+	// before any chunk, naming the flag.
+	_, sendErr, recvErr = transferPair(t, from, to, "golden", "", func(m *chunkManifest) {
+		m.Template.Spec.CPUModel = hostCPUModel
+		m.Host.CPUFlags = []string{"no-such-flag"}
+	})
+	if sendErr == nil || !strings.Contains(sendErr.Error(), `CPU flags "no-such-flag"`) || recvErr == nil {
+		t.Fatalf("transfer to a host without a flag: sender %v, receiver %v", sendErr, recvErr)
+	}
+	if got, _ := filepath.Glob(filepath.Join(to.Store.StateDir, dirChunks, "*", "*")); len(got) != 0 {
+		t.Error("chunks arrived before the CPU flag check")
+	}
 	// A byte flipped in the sender's store: refused naming the chunk.
 	m, err := from.chunked(t.Context(), "golden")
 	if err != nil {
