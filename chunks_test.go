@@ -3,6 +3,7 @@ package vmfork
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -261,5 +262,62 @@ func TestTransferIdleTimeout(t *testing.T) {
 	case <-aborted:
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not give up a silent session")
+	}
+}
+
+// cutWriter passes n bytes on, then fails and closes the pipe: a link that
+// dies mid-transfer.
+type cutWriter struct {
+	w *io.PipeWriter
+	n int
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if len(p) > c.n {
+		c.w.Write(p[:c.n])
+		c.n = 0
+		c.w.Close()
+		return 0, errors.New("link cut")
+	}
+	c.n -= len(p)
+	return c.w.Write(p)
+}
+
+// A link that dies after the manifest and part of the chunks leaves no
+// template and no staging file on the receiver.
+func TestTransferLinkCut(t *testing.T) {
+	from, _ := newTestManager(t)
+	keptFake(t, from)
+	to := NewManager(newTestStore(t), &hostDriver{&linkDriver{fakeDriver: newFakeDriver()}, "7.2.0"}, nil)
+	m, err := from.chunked(t.Context(), "golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, _ := json.Marshal(manifestMsg{Manifest: *m})
+	ar, bw := io.Pipe()
+	br, aw := io.Pipe()
+	// The manifest's frame and half of the first chunk's.
+	sender := newWire(ar, &cutWriter{w: aw, n: len(manifest) + 5 + 2048}, "receiver")
+	receiver := newWire(br, bw, "sender")
+	done := make(chan error, 1)
+	go func() {
+		_, err := to.receiveTemplate(t.Context(), receiver, "copy", nil)
+		bw.Close()
+		done <- err
+	}()
+	if _, err := from.sendTemplate(t.Context(), sender, m, nil); err == nil {
+		t.Error("the sender went on over a cut link")
+	}
+	ar.Close()
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("receiver over a cut link: %v", err)
+	}
+	if _, err := to.Store.FindKept("copy"); err == nil {
+		t.Error("a cut transfer left a template")
+	}
+	left, _ := filepath.Glob(filepath.Join(to.Store.StateDir, dirTemplates, "*"))
+	mem, _ := filepath.Glob(filepath.Join(to.Store.MemDir, "*"))
+	if len(left)+len(mem) != 0 {
+		t.Errorf("a cut transfer left %v %v", left, mem)
 	}
 }
