@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -58,6 +59,7 @@ type chunkManifest struct {
 	Template  Template      `json:"template"`
 	Host      HostFacts     `json:"host"`
 	Files     []chunkedFile `json:"files"`
+	cutMS     float64       // what cutting took, when this process did
 }
 
 type chunkedFile struct {
@@ -265,6 +267,7 @@ func (s *Store) chunkTemplate(ctx context.Context, t *Template, unlock func()) (
 			return m, nil
 		}
 	}
+	start := time.Now()
 	m := &chunkManifest{Format: chunkFormat, ChunkSize: chunkSize, Template: *t}
 	var err error
 	if m.Host, err = hostFacts(t); err != nil {
@@ -299,6 +302,7 @@ func (s *Store) chunkTemplate(ctx context.Context, t *Template, unlock func()) (
 	if err := writeJSON(filepath.Join(t.Paths.Dir, fileChunkMap), m); err != nil {
 		return nil, err
 	}
+	m.cutMS = ms(time.Since(start))
 	return m, nil
 }
 

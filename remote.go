@@ -85,9 +85,13 @@ type TransferResult struct {
 	Received ReceiveResult `json:"received"`
 	// BytesOut and BytesIn are what crossed the SSH session, frames and
 	// all, before ssh's own encryption.
-	BytesOut int64   `json:"bytes_out"`
-	BytesIn  int64   `json:"bytes_in"`
-	Elapsed  float64 `json:"elapsed_ms"`
+	BytesOut int64 `json:"bytes_out"`
+	BytesIn  int64 `json:"bytes_in"`
+	// CutMS is the part of Elapsed the sender spent cutting the template
+	// into its chunk store (0 when its chunk map was there; a pull's is
+	// the other host's, not known here).
+	CutMS   float64 `json:"cut_ms,omitempty"`
+	Elapsed float64 `json:"elapsed_ms"`
 }
 
 // DefaultTransferIdle is the default for TransferRequest.Idle.
@@ -236,7 +240,7 @@ func (mg *Manager) Push(ctx context.Context, req TransferRequest) (*TransferResu
 	if err != nil {
 		return fail(err)
 	}
-	res := &TransferResult{Op: "push", Host: req.Remote.Dest, Name: m.Template.Name, ID: m.Template.ID}
+	res := &TransferResult{Op: "push", Host: req.Remote.Dest, Name: m.Template.Name, ID: m.Template.ID, CutMS: m.cutMS}
 	res.BytesIn, res.BytesOut, err = mg.session(ctx, req, func(ctx context.Context, c *wire) error {
 		if err := c.sendJSON(transferHello{Proto: transferProto, Op: "receive", Name: req.Remote.Name}); err != nil {
 			return err

@@ -242,14 +242,17 @@ type (
 
 // ReceiveResult is what the receiving host made of a transfer.
 type ReceiveResult struct {
-	Name       string  `json:"name"`
-	ID         string  `json:"id"`
-	Base       string  `json:"base,omitempty"`
-	Chunks     int     `json:"chunks"`
-	ChunksSent int     `json:"chunks_sent"`
-	Stored     int64   `json:"stored_bytes"`
-	Logical    int64   `json:"logical_bytes"`
-	Elapsed    float64 `json:"elapsed_ms"`
+	Name       string `json:"name"`
+	ID         string `json:"id"`
+	Base       string `json:"base,omitempty"`
+	Chunks     int    `json:"chunks"`
+	ChunksSent int    `json:"chunks_sent"`
+	Stored     int64  `json:"stored_bytes"`
+	Logical    int64  `json:"logical_bytes"`
+	// BuildMS is the part of Elapsed spent writing the template's files
+	// from the store once every chunk was there.
+	BuildMS float64 `json:"build_ms"`
+	Elapsed float64 `json:"elapsed_ms"`
 }
 
 // sendTemplate is the sending side: m is the template's manifest. It
@@ -390,6 +393,7 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 		return nil, err
 	}
 	alive := c.working(keepaliveEvery)
+	built := time.Now()
 	rec, err := mg.Store.buildTemplate(ctx, m, name)
 	alive()
 	if err != nil {
@@ -399,7 +403,7 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 	for _, f := range m.Files {
 		res.Logical += f.Size
 	}
-	res.Elapsed = ms(time.Since(start))
+	res.BuildMS, res.Elapsed = ms(time.Since(built)), ms(time.Since(start))
 	mg.Log.WithFields(map[string]any{"template": rec.ID, "name": name, "peer": c.peer}).Info("template received")
 	if err := c.sendJSON(res); err != nil {
 		return res, nil // kept here; only the sender's answer is lost

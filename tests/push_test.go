@@ -18,13 +18,15 @@ type transferJSON struct {
 	BytesOut int64   `json:"bytes_out"`
 	BytesIn  int64   `json:"bytes_in"`
 	Elapsed  float64 `json:"elapsed_ms"`
+	CutMS    float64 `json:"cut_ms"`
 	Received struct {
-		Name       string `json:"name"`
-		ID         string `json:"id"`
-		Base       string `json:"base"`
-		Chunks     int    `json:"chunks"`
-		ChunksSent int    `json:"chunks_sent"`
-		Stored     int64  `json:"stored_bytes"`
+		BuildMS    float64 `json:"build_ms"`
+		Name       string  `json:"name"`
+		ID         string  `json:"id"`
+		Base       string  `json:"base"`
+		Chunks     int     `json:"chunks"`
+		ChunksSent int     `json:"chunks_sent"`
+		Stored     int64   `json:"stored_bytes"`
 	} `json:"received"`
 }
 
