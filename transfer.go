@@ -386,15 +386,20 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 	if err != nil {
 		return nil, err
 	}
+	b, err := mg.Store.startBuild(m)
+	if err != nil {
+		return nil, err
+	}
+	defer b.abort()
 	if err := c.sendJSON(want); err != nil {
 		return nil, err
 	}
-	if err := mg.Store.receiveChunks(ctx, c, m, want, baseOf, progress); err != nil {
+	if err := mg.Store.receiveChunks(ctx, c, m, want, baseOf, b.write, progress); err != nil {
 		return nil, err
 	}
 	alive := c.working(keepaliveEvery)
 	built := time.Now()
-	rec, err := mg.Store.buildTemplate(ctx, m, name)
+	rec, err := mg.Store.finishBuild(ctx, b, m, name)
 	alive()
 	if err != nil {
 		return nil, err
@@ -480,8 +485,9 @@ func (s *Store) wanted(m *chunkManifest) (*wantMsg, map[string]string, error) {
 }
 
 // receiveChunks reads the wanted chunks until the end frame, rebuilds each
-// over its base, checks its sha256 against the manifest and stores it.
-func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, want *wantMsg, baseOf map[string]string, progress func(done, total int64)) error {
+// over its base, checks its sha256 against the manifest, stores it and
+// hands it to got.
+func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, want *wantMsg, baseOf map[string]string, got func(d string, b []byte) error, progress func(done, total int64)) error {
 	cs := s.chunkStore()
 	at := m.where()
 	pending := map[string]bool{}
@@ -528,6 +534,9 @@ func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, wa
 		if err := cs.put(d, b); err != nil {
 			return err
 		}
+		if err := got(d, b); err != nil {
+			return err
+		}
 		delete(pending, d)
 		done += a.ref.Len
 		if progress != nil {
@@ -538,73 +547,4 @@ func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, wa
 		return fmt.Errorf("%s ended without chunk %s (%d missing): %w", c.peer, d, len(pending), ErrInvalid)
 	}
 	return nil
-}
-
-// buildTemplate writes m's files from the store under staging names, each
-// chunk checked again as it is read, and installs them as template name
-// (installImport: renames, then the record), with m's chunk map beside.
-func (s *Store) buildTemplate(ctx context.Context, m *chunkManifest, name string) (*Template, error) {
-	st := &staged{files: map[string]bool{}}
-	defer st.remove()
-	s.sweepStaging()
-	var err error
-	if st.dir, err = os.MkdirTemp(filepath.Join(s.StateDir, dirTemplates), stagingPrefix("import")); err != nil {
-		return nil, err
-	}
-	cs := s.chunkStore()
-	buf := make([]byte, chunkSize)
-	for _, f := range m.Files {
-		var out *os.File
-		if f.Name == archRAM {
-			out, err = os.CreateTemp(s.MemDir, stagingPrefix("import")+"*"+ramSuffix+".tmp")
-			if err == nil {
-				st.ram = out.Name()
-			}
-		} else {
-			out, err = os.OpenFile(filepath.Join(st.dir, f.Name), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		}
-		if err != nil {
-			return nil, err
-		}
-		err = writeChunked(ctx, cs, out, f, buf)
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return nil, fmt.Errorf("file %s: %w", f.Name, err)
-		}
-		st.files[f.Name] = true
-	}
-	t := m.Template
-	rec, err := s.installImport(&t, name, st)
-	if err != nil {
-		return nil, err
-	}
-	// The map makes this template a base for later transfers, and keeps
-	// its chunks from gc.
-	local := *m
-	local.Template = *rec
-	if err := writeJSON(filepath.Join(rec.Paths.Dir, fileChunkMap), &local); err != nil {
-		return nil, err
-	}
-	return rec, nil
-}
-
-func writeChunked(ctx context.Context, cs *chunkStore, out *os.File, f chunkedFile, buf []byte) error {
-	if err := out.Truncate(f.Size); err != nil {
-		return err
-	}
-	for _, c := range f.Chunks {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		b, err := cs.read(c.Digest, buf)
-		if err != nil {
-			return err
-		}
-		if _, err := out.WriteAt(b, c.Off); err != nil {
-			return err
-		}
-	}
-	return out.Sync()
 }
