@@ -277,28 +277,25 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 		}
 		total += a.ref.Len
 	}
-	buf, frame := make([]byte, chunkSize), make([]byte, 0, chunkSize+chunkSize/chunkPage/8+64)
-	for _, w := range want.Chunks {
+	// Reading and encoding run ahead of the writes to the link, so that
+	// the disk, the page comparisons and ssh overlap.
+	frames := make(chan encodedChunk, 4)
+	stop := make(chan struct{})
+	defer close(stop)
+	go encodeChunks(cs, want.Chunks, frames, stop)
+	for e := range frames {
 		if err := ctx.Err(); err != nil {
 			c.sendError(err)
 			return nil, err
 		}
-		// Read as stored, not checked again: the receiver checks every
-		// chunk against the manifest's digest, and refuses a bad one.
-		b, err := readChunkFile(cs.path(w.Digest), buf)
-		if err != nil {
-			c.sendError(err)
+		if e.err != nil {
+			c.sendError(e.err)
+			return nil, e.err
+		}
+		if err := c.send(frameChunk, e.frame, false); err != nil {
 			return nil, err
 		}
-		var base []byte
-		if len(w.Pages) > 0 {
-			base = w.Pages
-		}
-		frame = encodeChunk(frame, w.Digest, b, base)
-		if err := c.send(frameChunk, frame, false); err != nil {
-			return nil, err
-		}
-		done += at[w.Digest].ref.Len
+		done += at[e.digest].ref.Len
 		if progress != nil {
 			progress(done, total)
 		}
@@ -311,6 +308,40 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 		return nil, err
 	}
 	return &res, nil
+}
+
+type encodedChunk struct {
+	digest string
+	frame  []byte
+	err    error
+}
+
+// encodeChunks reads and encodes the wanted chunks, in order, into out
+// (closed at the end, or after the first error) until stop is closed.
+func encodeChunks(cs *chunkStore, want []chunkWant, out chan<- encodedChunk, stop <-chan struct{}) {
+	defer close(out)
+	buf := make([]byte, chunkSize)
+	for _, w := range want {
+		// Read as stored, not checked again: the receiver checks every
+		// chunk against the manifest's digest, and refuses a bad one.
+		b, err := readChunkFile(cs.path(w.Digest), buf)
+		e := encodedChunk{digest: w.Digest, err: err}
+		if err == nil {
+			var base []byte
+			if len(w.Pages) > 0 {
+				base = w.Pages
+			}
+			e.frame = encodeChunk(nil, w.Digest, b, base)
+		}
+		select {
+		case out <- e:
+		case <-stop:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // readChunkFile reads a stored chunk as it is.
@@ -497,11 +528,38 @@ func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, wa
 		total += at[w.Digest].ref.Len
 	}
 	out, bbuf := make([]byte, chunkSize), make([]byte, chunkSize)
+	// Frames are read ahead while the last one is checked and written.
+	type frameIn struct {
+		kind    byte
+		payload []byte
+		err     error
+	}
+	in := make(chan frameIn, 4)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		defer close(in)
+		for {
+			kind, payload, err := c.recv()
+			select {
+			case in <- frameIn{kind, payload, err}:
+			case <-stop:
+				return
+			}
+			if err != nil || kind == frameEnd {
+				return
+			}
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		kind, payload, err := c.recv()
+		f, ok := <-in
+		if !ok {
+			return fmt.Errorf("connection to %s: %w", c.peer, io.ErrUnexpectedEOF)
+		}
+		kind, payload, err := f.kind, f.payload, f.err
 		if err != nil {
 			return err
 		}
