@@ -413,7 +413,9 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 		return nil, err
 	}
 	defer unlockStore()
+	alive := c.working(keepaliveEvery) // hashing the base chunks' pages
 	want, baseOf, err := mg.Store.wanted(m)
+	alive()
 	if err != nil {
 		return nil, err
 	}
@@ -428,7 +430,7 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 	if err := mg.Store.receiveChunks(ctx, c, m, want, baseOf, b.write, progress); err != nil {
 		return nil, err
 	}
-	alive := c.working(keepaliveEvery)
+	alive = c.working(keepaliveEvery)
 	built := time.Now()
 	rec, err := mg.Store.finishBuild(ctx, b, m, name)
 	alive()

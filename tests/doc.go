@@ -46,4 +46,14 @@
 // for the one boot; if it failed, each fails with its error. Tests whose
 // Debian source must sit on their own bridge, or boot under libvirt (an
 // archive imports under the driver that exported it), still boot it.
+//
+// # More than one host
+//
+// newHostRig (hosts_test.go) makes two "hosts" on this machine for
+// template push and pull: two network namespaces joined by a veth pair and
+// nothing else, each with an sshd of its own (key auth only, keys the test
+// makes), its own state and mem dir, and every vmfork the test runs for a
+// host runs in its namespace (env.runAs). One kernel, one QEMU build and one
+// page cache are shared: docs/TEMPLATES.md says what that does and does not
+// simulate. The namespaces go last, after the hosts' QEMUs and sshds.
 package tests
