@@ -229,6 +229,10 @@ func TestTransferLoopback(t *testing.T) {
 	if !bytes.Equal(want, have) {
 		t.Error("the received RAM file differs from the sent one")
 	}
+	// The name is taken: refused before any chunk.
+	if _, sendErr, _ = transferPair(t, from, to, "golden", "copy"); !errors.Is(sendErr, ErrExists) {
+		t.Errorf("transfer onto a taken name: %v, want ErrExists", sendErr)
+	}
 	// A second copy: every chunk is there already, none travels.
 	res, sendErr, recvErr = transferPair(t, from, to, "golden", "copy2")
 	if sendErr != nil || recvErr != nil || res.ChunksSent != 0 || res.Base == "" {
