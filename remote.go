@@ -218,8 +218,8 @@ func (mg *Manager) session(ctx context.Context, req TransferRequest, fn func(ctx
 	switch {
 	case err != nil && idled:
 		err = fmt.Errorf("%s sent nothing for %v: gave up: %w", req.Remote.Dest, idle, err)
-	case err != nil && ctx.Err() != nil && req.Timeout > 0:
-		err = fmt.Errorf("transfer with %s ran past --timeout %v: %w", req.Remote.Dest, req.Timeout, err)
+	case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		err = fmt.Errorf("transfer with %s ran past its deadline (--timeout): %w", req.Remote.Dest, err)
 	case err != nil:
 		err = s.explain(err)
 	}

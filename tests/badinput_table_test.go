@@ -175,7 +175,7 @@ func TestBadInputTable(t *testing.T) {
 		{"template push without a host", []string{"template", "push", "src"}, 2, "template push needs a template and a host"},
 		{"template push to a host that is not one", []string{"template", "push", "src", "host 2"}, 2, "is not [USER@]HOST[:NAME]"},
 		{"template push under a bad name", []string{"template", "push", "src", "host2:Bad"}, 2, `"Bad" is not valid`},
-		{"template push with no idle timeout", []string{"template", "push", "src", "host2", "--idle-timeout", "0s"}, 2, "--idle-timeout must be above 0"},
+		{"template push with no idle timeout", []string{"template", "push", "src", "host2", "--idle-timeout", "0s"}, 2, "--idle-timeout 0s: must be above 0"},
 		{"template push of nothing", []string{"template", "push", "nope", "host2"}, 4, "not found"},
 		{"template pull without a name", []string{"template", "pull", "host2"}, 2, "names no template: give HOST:NAME"},
 		{"template pull with an empty name", []string{"template", "pull", "host2:"}, 2, "empty template name"},

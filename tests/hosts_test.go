@@ -193,7 +193,7 @@ SetEnv VMFORK_STATE_DIR=%s VMFORK_MEM_DIR=%s
 // config, and the path of vmfork on the other host (the same build).
 func (r *hostRig) transfer(remoteEnv ...string) []string {
 	remote := strings.Join(append(remoteEnv, r.hosts[0].bin), " ")
-	return []string{"--ssh", "ssh -F " + r.sshCF, "--remote-vmfork", remote, "--idle-timeout", "60s", "--timeout", "10m"}
+	return []string{"--ssh", "ssh -F " + r.sshCF, "--remote-vmfork", remote, "--idle-timeout", "60s"}
 }
 
 // chunkFiles lists the chunks in h's store.

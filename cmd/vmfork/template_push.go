@@ -24,21 +24,20 @@ var transferFlags = []cli.Flag{
 		Value:   "vmfork",
 		EnvVars: []string{"VMFORK_REMOTE"},
 	},
-	&cli.DurationFlag{Name: "idle-timeout", Usage: "give up when HOST sends nothing (not even a keepalive) for this long", Value: vmfork.DefaultTransferIdle},
-	&cli.DurationFlag{Name: "timeout", Usage: "give up when the whole transfer takes longer (0: no limit; --idle-timeout still applies)"},
+	&cli.DurationFlag{Name: "idle-timeout", Usage: "give up when HOST sends nothing (not even a keepalive) for this long; vmfork's --timeout bounds the whole transfer", Value: vmfork.DefaultTransferIdle},
 	jsonFlag,
 }
 
 func transferRequest(cliCtx *cli.Context, name string, r vmfork.Remote, what string) vmfork.TransferRequest {
 	return vmfork.TransferRequest{
 		Name: name, Remote: r, SSH: cliCtx.String("ssh"), RemoteVmfork: cliCtx.String("remote-vmfork"),
-		Idle: cliCtx.Duration("idle-timeout"), Timeout: cliCtx.Duration("timeout"), Progress: byteProgress(what),
+		Idle: cliCtx.Duration("idle-timeout"), Progress: byteProgress(what),
 	}
 }
 
 func checkTransferFlags(cliCtx *cli.Context) error {
-	if cliCtx.Duration("idle-timeout") <= 0 || cliCtx.Duration("timeout") < 0 {
-		return usageError{errors.New("--idle-timeout must be above 0 and --timeout not below 0")}
+	if d := cliCtx.Duration("idle-timeout"); d <= 0 {
+		return usageError{fmt.Errorf("--idle-timeout %v: must be above 0 (the whole transfer is bounded by vmfork --timeout)", d)}
 	}
 	return nil
 }
