@@ -260,6 +260,11 @@ func (s *Store) DropTemplateMemory(t *Template) error {
 			return fmt.Errorf("template %q: %w", t.ID, err)
 		}
 	}
+	// Its chunk map names the RAM and device state: a later push cuts the
+	// disk alone again, and gc may take the memory's chunks.
+	if err := os.Remove(filepath.Join(t.Paths.Dir, fileChunkMap)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("template %q: %w", t.ID, err)
+	}
 	t.HasMemory = false
 	return s.WriteTemplate(t)
 }
