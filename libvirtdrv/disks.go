@@ -23,9 +23,8 @@ func (d *Driver) DiskPolicies() []vmfork.DiskPolicy {
 }
 
 // BootsDisks implements vmfork.MultiDisker: the domains this driver defines
-// from a record alone (DomainXML) have one disk; machines with more come
-// from an operator's domain (adopted) and their fork children.
-func (d *Driver) BootsDisks() bool { return false }
+// from a record alone (BootXML) have every disk of it (extraBootDisks).
+func (d *Driver) BootsDisks() bool { return true }
 
 // extraSwitch is one extra disk the fork's snapshot switches.
 type extraSwitch struct {
@@ -154,9 +153,10 @@ func childDisks(dev *libvirtxml.DomainDeviceList, c *vmfork.Machine) error {
 		case writable == 1:
 			f.File = c.Paths.Disk
 		default:
+			id := diskID(disk, c.Spec)
 			var ok bool
-			if f, ok = c.Paths.Disks[diskName(disk)]; !ok {
-				return fmt.Errorf("disk %s: the machine's record has no disk %q for it", diskName(disk), diskName(disk))
+			if f, ok = c.Paths.Disks[id]; !ok {
+				return fmt.Errorf("disk %s: the machine's record has no disk %q for it", diskName(disk), id)
 			}
 		}
 		disk.Source.File.File = f.File
@@ -178,6 +178,22 @@ func childDisks(dev *libvirtxml.DomainDeviceList, c *vmfork.Machine) error {
 		return fmt.Errorf("source domain XML has no writable file disk for %s", c.Paths.Disk)
 	}
 	return nil
+}
+
+// diskID is the id of the extra disk of spec s that disk is: the one its
+// serial names (a domain vmfork booted, extraBootDisks), else the one its
+// target names (an adopted domain's, Adopt). An operator's serial that
+// happens to be another disk's target is taken as that disk's id: give
+// such a domain's disks other serials, or none.
+func diskID(disk *libvirtxml.DomainDisk, s vmfork.Spec) string {
+	if disk.Serial != "" {
+		for _, d := range s.Disks {
+			if d.ID == disk.Serial {
+				return d.ID
+			}
+		}
+	}
+	return diskName(disk)
 }
 
 // extraBase is the owner's image of the disk at target of adopted machine

@@ -52,3 +52,65 @@ func TestChildXMLExtraDisks(t *testing.T) {
 		t.Errorf("child without the second disk: %v, want one naming vdb", err)
 	}
 }
+
+// TestExtraTargets: a booted domain's extra disks follow vda in libvirt's
+// order of names.
+func TestExtraTargets(t *testing.T) {
+	for i, want := range map[int]string{0: "vdb", 1: "vdc", 24: "vdz", 25: "vdaa", 26: "vdab", 50: "vdaz", 51: "vdba"} {
+		if got := extraTarget(i); got != want {
+			t.Errorf("extraTarget(%d) = %s, want %s", i, got, want)
+		}
+	}
+}
+
+// TestChildXMLBootedDisks: a child of a domain vmfork booted with extra
+// disks (ids the user chose, targets vdb, vdc, ...) gets each disk's image
+// by the id in its serial, whatever its target: a disk called vdc sits on
+// target vdb. A disk shared at boot stays the source's read-only image.
+func TestChildXMLBootedDisks(t *testing.T) {
+	src := testMachine()
+	src.Spec.Disks = []vmfork.DiskSpec{
+		{ID: "vdc", File: "/srv/a.qcow2"},
+		{ID: "ro", File: "/srv/ro.raw", Fork: vmfork.DiskShared},
+		{ID: "data", File: "/srv/data.qcow2"},
+	}
+	src.Paths.Disks = map[string]vmfork.DiskFile{
+		"vdc":  {File: "/var/lib/vmfork/machines/web/xdisk-vdc.qcow2"},
+		"ro":   {File: "/srv/ro.raw", ReadOnly: true, Format: "raw"},
+		"data": {File: "/var/lib/vmfork/machines/web/xdisk-data.qcow2"},
+	}
+	x, err := BootXML(src, Metadata{Machine: src.Name}, BootOptions{}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testChild()
+	c.Spec.Disks = src.Spec.Disks
+	c.Paths.Disks = map[string]vmfork.DiskFile{
+		"vdc":  {File: "/var/lib/vmfork/machines/web-1/xdisk-vdc.qcow2"},
+		"ro":   {File: "/srv/ro.raw", ReadOnly: true, Format: "raw"},
+		"data": {File: "/var/lib/vmfork/templates/web.1/disk-data.qcow2", ReadOnly: true},
+	}
+	d, err := ChildXML(x, c, Metadata{Machine: c.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		file, format, serial string
+		ro                   bool
+	}
+	wants := map[string]want{
+		"vda": {c.Paths.Disk, "qcow2", "", false},
+		"vdb": {c.Paths.Disks["vdc"].File, "qcow2", "vdc", false},
+		"vdc": {"/srv/ro.raw", "raw", "ro", true},
+		"vdd": {c.Paths.Disks["data"].File, "qcow2", "data", true},
+	}
+	if len(d.Devices.Disks) != len(wants) {
+		t.Fatalf("child has %d disks, want %d", len(d.Devices.Disks), len(wants))
+	}
+	for _, disk := range d.Devices.Disks {
+		w := wants[diskName(&disk)]
+		if got := (want{disk.Source.File.File, disk.Driver.Type, disk.Serial, disk.ReadOnly != nil}); got != w {
+			t.Errorf("%s = %+v, want %+v", diskName(&disk), got, w)
+		}
+	}
+}

@@ -152,8 +152,56 @@ func bootDevices(m *vmfork.Machine) *libvirtxml.DomainDeviceList {
 			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: m.Paths.Disk}},
 			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
 		}}
+		dev.Disks = append(dev.Disks, extraBootDisks(m)...)
 	}
 	return dev
+}
+
+// extraBootDisks are m's extra disks (vmfork.DiskSpec) as a booted domain
+// has them: after the boot disk in the spec's order (vdb, vdc, ...), so
+// that libvirt gives them the same PCI slots in every machine booted from
+// the record, each with its id as the disk's serial. The serial is what
+// ties a <disk> back to its id in a fork child's XML (childDisks): the
+// target names of an operator's domain are its disks' ids, but a booted
+// domain's ids are the user's. The guest sees it too
+// (/dev/disk/by-id/virtio-ID). Read-only is a backend choice, as on the
+// embedded driver: a disk shared at boot, or shared by the fork that made
+// this machine.
+func extraBootDisks(m *vmfork.Machine) []libvirtxml.DomainDisk {
+	var out []libvirtxml.DomainDisk
+	for i, d := range m.Spec.Disks {
+		f := m.Paths.Disks[d.ID]
+		disk := libvirtxml.DomainDisk{
+			Device: "disk",
+			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: "qcow2"},
+			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: f.File}},
+			Target: &libvirtxml.DomainDiskTarget{Dev: extraTarget(i), Bus: "virtio"},
+			Serial: d.ID,
+		}
+		if f.Format != "" {
+			disk.Driver.Type = f.Format
+		}
+		if f.ReadOnly {
+			disk.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+		}
+		out = append(out, disk)
+	}
+	return out
+}
+
+// extraTarget is the target of a booted domain's i-th extra disk: vdb,
+// vdc, ..., vdz, vdaa, ... (libvirt's own naming after vdz).
+func extraTarget(i int) string {
+	n := i + 1 // vda is the boot disk
+	name := ""
+	for {
+		name = string(rune('a'+n%26)) + name
+		n = n/26 - 1
+		if n < 0 {
+			break
+		}
+	}
+	return "vd" + name
 }
 
 // ChildXML returns the domain of fork child c, derived from its source's

@@ -77,6 +77,17 @@ func TestBootXMLGolden(t *testing.T) {
 	diskless.Spec.Disk = ""
 	reproducible := testMachine()
 	reproducible.VMGenID = "12253bd4-e42e-4d00-a04b-3d4ce5a4f8cd"
+	disks := testMachine()
+	disks.Spec.Disks = []vmfork.DiskSpec{
+		{ID: "data", File: "/srv/data.qcow2"},
+		{ID: "ro", File: "/srv/ro.raw", Fork: vmfork.DiskShared},
+		{ID: "scratch", File: "/srv/scratch.qcow2", Fork: vmfork.DiskFresh},
+	}
+	disks.Paths.Disks = map[string]vmfork.DiskFile{
+		"data":    {File: "/var/lib/vmfork/machines/web/xdisk-data.qcow2"},
+		"ro":      {File: "/srv/ro.raw", ReadOnly: true, Format: "raw"},
+		"scratch": {File: "/var/lib/vmfork/machines/web/xdisk-scratch.qcow2"},
+	}
 	cases := []struct {
 		name string
 		m    *vmfork.Machine
@@ -85,6 +96,7 @@ func TestBootXMLGolden(t *testing.T) {
 		{"boot-kvm", kvm},
 		{"boot-diskless", diskless},
 		{"boot-vmgenid", reproducible},
+		{"boot-disks", disks},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -242,6 +242,9 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 			}
 		}
 	}
+	if err := vmfork.PrepareDisks(ctx, m); err != nil {
+		return err
+	}
 	def := BootXML(m, d.metadata(m, nil), BootOptions{User: user()})
 	undoFilter, err := d.withContractFilter(ctx, m, def)
 	if err != nil {
@@ -545,6 +548,7 @@ func (d *Driver) Stop(ctx context.Context, m *vmfork.Machine, force bool) error 
 	if m.Paths.Disk != "" {
 		overlay.RemoveOldTops(m.Paths.Dir, m.Paths.Disk)
 	}
+	vmfork.RemoveOldDiskTops(m)
 	return nil
 }
 
