@@ -60,6 +60,17 @@ func (mg *Manager) planDiskOnly(ctx context.Context, p *forkPlan, m *Machine) er
 	if _, ok := mg.Driver.(DiskForker); !ok {
 		return fmt.Errorf("fork %q: --disk-only: driver %q cannot switch disks of a running machine: %w", name, mg.Driver.Name(), ErrUnsupported)
 	}
+	if m.Adopted != nil {
+		// The children boot from the record, which cannot hold all of an
+		// operator's domain definition (firmware, devices): as for the
+		// children of a stopped adopted machine (checkForkSource).
+		return fmt.Errorf("fork %q: --disk-only: the children would boot from vmfork's record, which cannot hold all of an adopted %s domain's definition; fork it live (without --disk-only): %w", name, m.Driver, ErrInvalid)
+	}
+	// The children boot from the record (Driver.Start), so the driver
+	// must boot every disk of it, not only fork a running machine's.
+	if err := mg.checkDiskSupport(m.Spec, p.req.DiskPolicies, true); err != nil {
+		return fmt.Errorf("fork %q: --disk-only: %w", name, err)
+	}
 	p.mode = forkDiskOnly
 	if p.req.CrashConsistent {
 		return nil

@@ -678,8 +678,18 @@ func (p *forkPlan) renderDisks(out *Plan) {
 			ds = append(ds, disk{d.ID, pol, p.source.Paths.Disks[d.ID].ReadOnly})
 		}
 	}
+	// When the disks were or are frozen together.
+	frozen := "frozen in the same pause"
+	switch {
+	case p.mode == forkDiskOnly && p.req.CrashConsistent:
+		frozen = "switched in the same transaction, unfrozen"
+	case p.mode == forkDiskOnly:
+		frozen = "switched in the same transaction, under the filesystem freeze"
+	case p.mode == forkStopped:
+		frozen = "frozen with the boot disk, the machine stopped"
+	}
 	if len(ds) > 0 && p.source.Spec.Disk != "" {
-		out.add("disk %q (boot disk): cow, frozen in the same pause; each child writes to its own overlay", p.source.Spec.BootDiskID())
+		out.add("disk %q (boot disk): cow, %s; each child writes to its own overlay", p.source.Spec.BootDiskID(), frozen)
 	}
 	for _, d := range ds {
 		if s := p.blockDiskAction(d.id, d.pol); s != "" {
@@ -688,11 +698,11 @@ func (p *forkPlan) renderDisks(out *Plan) {
 		}
 		switch {
 		case d.pol == DiskCow:
-			out.add("disk %q: cow, frozen in the same pause; each child writes to its own overlay", d.id)
+			out.add("disk %q: cow, %s; each child writes to its own overlay", d.id, frozen)
 		case d.pol == DiskShared && d.readOnly && p.mode != forkKept && p.mode != forkHibernated:
 			out.add("disk %q: shared, read-only already; every child gets the same read-only image", d.id)
 		case d.pol == DiskShared:
-			out.add("disk %q: shared, frozen in the same pause; every child gets that image read-only", d.id)
+			out.add("disk %q: shared, %s; every child gets that image read-only", d.id, frozen)
 		case d.pol == DiskFresh:
 			out.add("disk %q: fresh, not frozen; each child gets an empty disk of the same size (VMFORK_DISK_%s=fresh)", d.id, strings.ToUpper(d.id))
 		case d.pol == DiskKeep:
