@@ -166,3 +166,55 @@ func TestRepairThawsDiskOnlyFork(t *testing.T) {
 		t.Errorf("after the repair: frozen %v, log %v; want thawed", g.frozen, g.fsLog)
 	}
 }
+
+// forkOnlyDisks is a driver that forks running machines with extra disks
+// but cannot boot one from its record.
+type forkOnlyDisks struct{ *agentDriver }
+
+func (forkOnlyDisks) DiskPolicies() []DiskPolicy {
+	return []DiskPolicy{DiskCow, DiskShared, DiskFresh, DiskKeep}
+}
+func (forkOnlyDisks) BootsDisks() bool { return false }
+
+// A disk-only fork's children boot from the record: a driver that cannot
+// boot a machine's extra disks, and an adopted machine (whose record does
+// not hold its domain), are refused before anything changes.
+func TestForkDiskOnlyBootsFromRecord(t *testing.T) {
+	mg, d := newDiskOnlyManager(t)
+	ctx := t.Context()
+	m, err := mg.Store.LoadMachine("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Spec.Disks = []DiskSpec{{ID: "data", File: m.Spec.Disk}}
+	m.Paths.Disks = map[string]DiskFile{"data": {File: m.Paths.Disk}}
+	if err := mg.Store.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	mg.Driver = forkOnlyDisks{d}
+	before := withoutLocks(stateTree(t, mg.Store))
+	req := ForkRequest{Source: "web", Count: 1, DiskOnly: true, Identity: fakeGuestIdentity}
+	if _, err := mg.Fork(ctx, req); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `--disk-only: driver "fake" cannot boot a machine with more than one disk (disk "data")`) {
+		t.Errorf("disk-only fork with a driver that boots one disk: %v, want ErrInvalid naming the driver and disk", err)
+	}
+	if got := withoutLocks(stateTree(t, mg.Store)); got != before {
+		t.Errorf("a refused disk-only fork changed things:\n%s", got)
+	}
+	// A live fork of the same machine is the driver's to do.
+	if _, err := mg.PlanFork(ctx, ForkRequest{Source: "web", Count: 1, Identity: fakeGuestIdentity}); err != nil {
+		t.Errorf("plan of a live fork: %v", err)
+	}
+	mg.Driver = d
+	m.Spec.Disks, m.Paths.Disks = nil, nil
+	m.Adopted = &Adoption{ID: "0b5e7f4c-0000-4000-8000-000000000001"}
+	if err := mg.Store.SaveMachine(m); err != nil {
+		t.Fatal(err)
+	}
+	before = withoutLocks(stateTree(t, mg.Store))
+	if _, err := mg.Fork(ctx, req); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "cannot hold all of an adopted fake domain's definition") {
+		t.Errorf("disk-only fork of an adopted machine: %v, want ErrInvalid", err)
+	}
+	if got := withoutLocks(stateTree(t, mg.Store)); got != before || len(d.switched) != 0 || len(d.guest("web").fsLog) != 0 {
+		t.Errorf("a refused disk-only fork changed things (switched %v, fs %v):\n%s", d.switched, d.guest("web").fsLog, got)
+	}
+}
