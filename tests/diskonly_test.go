@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -111,11 +113,31 @@ func (st *serialTicks) maxGap(from, to time.Time) (time.Duration, int) {
 // serial console, timed on the host, shows no stall beyond the
 // filesystem-freeze window), the children boot fresh and see the source's
 // files, synced or not (the freeze flushes them), and a child's writes stay
-// its own.
+// its own. The source has two extra disks, switched in the same
+// transaction: the children's cow one holds what the source wrote before
+// the fork, their fresh one is empty.
 func TestForkDiskOnly(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
-	src := e.boot("src")
+	dir := t.TempDir()
+	extra := func(name string) string {
+		p := filepath.Join(dir, name)
+		if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, "1M").CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img create %s: %v: %s", p, err, out)
+		}
+		return p
+	}
+	src := e.boot("src", "--disk", "id=more,file="+extra("more.qcow2"), "--disk", "id=scratch,file="+extra("scratch.qcow2")+",fork=fresh")
+	const more, scratch = "/dev/vdb", "/dev/vdc"
+	readDev := func(m, dev string) string {
+		t.Helper()
+		return strings.TrimSpace(e.exec(m, "sh", "-c", "sync; echo 3 >/proc/sys/vm/drop_caches; dd if="+dev+" bs=16 count=1 2>/dev/null | tr -d '\\000'"))
+	}
+	for dev, s := range map[string]string{more: "MORE-SRC", scratch: "SCRATCH-SRC"} {
+		// Synced: a raw device's page cache is no filesystem's, which
+		// the freeze would flush.
+		e.exec("src", "sh", "-c", "printf "+s+" | dd of="+dev+" conv=notrunc 2>/dev/null && sync")
+	}
 	e.exec("src", "vmfork-counter", "start")
 	e.exec("src", "sh", "-c", "echo synced >/data/synced.txt && sync && echo unsynced >/data/unsynced.txt")
 	e.exec("src", "sh", "-c", `setsid sh -c 'while :; do echo vmfork-tick; usleep 20000; done >/dev/ttyS0 2>&1' </dev/null >/dev/null 2>&1 &`)
@@ -164,6 +186,15 @@ func TestForkDiskOnly(t *testing.T) {
 		if got := e.vmfork("exec", c.Name, "--", "test", "-e", "/data/after.txt"); got.code == 0 {
 			t.Errorf("child %s sees the source's write after the fork", c.Name)
 		}
+		if got := readDev(c.Name, more); got != "MORE-SRC" {
+			t.Errorf("child %s's cow disk reads %q, want the source's MORE-SRC", c.Name, got)
+		}
+		if got := readDev(c.Name, scratch); got != "" {
+			t.Errorf("child %s's fresh disk reads %q, want an empty disk", c.Name, got)
+		}
+	}
+	if got := readDev("src", scratch); got != "SCRATCH-SRC" {
+		t.Errorf("the source's fresh disk reads %q, want SCRATCH-SRC", got)
 	}
 	if os.Getenv("VMFORK_DISKONLY_COMPARE") != "" {
 		// For docs/BENCHMARKS.md, off in CI: a live fork of the same

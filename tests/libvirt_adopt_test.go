@@ -296,6 +296,12 @@ func TestLibvirtAdoptTwoDisks(t *testing.T) {
 	if got := strings.TrimSpace(d.run(g.Children[0].Name, "sh", "-c", read)); got != "" {
 		t.Errorf("the fresh fork's child's second disk reads %q, want an empty disk", got)
 	}
+	// A disk-only fork's children would boot from vmfork's record, which
+	// does not hold the operator's domain: refused in one line, before
+	// anything is frozen.
+	if r := d.cli("fork", p, "--disk-only"); r.code != 2 || !strings.Contains(r.stderr, "cannot hold all of an adopted libvirt domain's definition") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+		t.Errorf("fork --disk-only of an adopted domain: %s, want exit 2 and one line", r)
+	}
 	d.cliOK("rm", c1, c2, g.Children[0].Name)
 	if got := fileSHA256(t, second); got != frozen {
 		t.Errorf("the operator's second image changed after the freeze")
