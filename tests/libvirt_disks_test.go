@@ -75,6 +75,24 @@ func TestLibvirtDiskPolicies(t *testing.T) {
 		t.Errorf("fork --dry-run on libvirt does not say per disk what happens:\n%s", out)
 	}
 
+	// Bad disk lines on libvirt: one line, exit 2, before anything is
+	// paused or made.
+	domsBefore := strings.Join(domains(t, d.prefix), " ")
+	runBadCases(t, d.env, []badCase{
+		{"libvirt fork disk policy unknown disk", []string{"--connect", libvirtURI, "fork", p, "--disk-policy", "nope=fresh"}, 2, `no disk "nope" (the machine's disks: disk0, data, ro, scratch, home)`},
+		{"libvirt fork shared disk made writable", []string{"--connect", libvirtURI, "fork", p, "--disk-policy", "ro=cow"}, 2, `disk "ro" is shared (read-only) and stays shared in children, not cow`},
+		{"libvirt fork disk-only boot disk policy", []string{"--connect", libvirtURI, "fork", p, "--disk-only", "--disk-policy", "disk0=fresh"}, 2, `disk "disk0" is the boot disk, which forks cow, not fresh`},
+		{"libvirt boot disk id twice", []string{"--connect", libvirtURI, "boot", d.n("bad"), "--kernel", d.guest.Kernel, "--disk", d.guest.Disk, "--disk", "id=data,file=" + shared, "--disk", "id=data,file=" + shared}, 2, `disk id "data" is given twice`},
+	}, func(t *testing.T) {
+		t.Helper()
+		if got := strings.Join(domains(t, d.prefix), " "); got != domsBefore {
+			t.Errorf("domains after bad input: %s, want %s", got, domsBefore)
+		}
+		if st := strings.TrimSpace(virshOK(t, "domstate", p)); st != "running" {
+			t.Errorf("source domain state %q after bad input, want running", st)
+		}
+	})
+
 	var res forkJSON
 	d.cliJSON(&res, "fork", p, "--count", "3")
 	if len(res.Children) != 3 {
@@ -180,4 +198,16 @@ func TestLibvirtDiskPolicies(t *testing.T) {
 		}
 	}
 	d.cliOK("rm", "-f", do.Children[0].Name, do.Children[1].Name)
+	if os.Getenv("VMFORK_DISKONLY_COMPARE") != "" {
+		// For docs/BENCHMARKS.md, off in CI: a live fork of the same
+		// source, its pause and the ticker's longest gap.
+		var live forkJSON
+		start := time.Now()
+		d.cliJSON(&live, "fork", p, "--count", "1", "--prefix", p+"-live")
+		end := time.Now()
+		gap, n := ticks.maxGap(start, end)
+		t.Logf("libvirt live fork: %.0f ms in all, pause_ms %.1f; source's serial ticker: %d ticks, longest gap %v",
+			ms(end.Sub(start)), live.PauseMS, n, gap.Round(time.Millisecond))
+		d.cliOK("rm", "-f", live.Children[0].Name)
+	}
 }
