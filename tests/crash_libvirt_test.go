@@ -23,7 +23,8 @@ import (
 // children's records made, with the source suspended through libvirt, with
 // the source resumed and no child started, and with children's domains
 // running before their identity (also with a child's QEMU killed there
-// instead), and at rm's two points on a child. After the next command (ls) repaired what
+// instead), with a disk-only fork's guest filesystems frozen, and at rm's
+// two points on a child. After the next command (ls) repaired what
 // it found: the source's domain runs (virsh domstate) and its counter goes
 // on, every domain of the test is a machine ls lists and every running
 // machine has its domain, no child is listed running without its own
@@ -54,6 +55,9 @@ func TestCrashMatrixLibvirt(t *testing.T) {
 		{vmfork.FaultForkFrozen, fork},
 		{vmfork.FaultForkRunning, fork},
 		{vmfork.FaultForkRunning + ":qemu", fork}, // a child's QEMU dies; vmfork carries on
+		// fork --disk-only killed with the guest's filesystems frozen
+		// through libvirt's agent passthrough: the repair thaws them.
+		{vmfork.FaultDiskOnlyFrozen, func() []string { return []string{"fork", src, "--disk-only", "--count", "2", "--prefix", d.n("do")} }},
 		{vmfork.FaultRmStopped, rm},
 		{vmfork.FaultRmRemoving, rm},
 	}
@@ -74,6 +78,12 @@ func TestCrashMatrixLibvirt(t *testing.T) {
 				t.Fatalf("%s: vmfork killed %v, want %v: %s", label, killed, self, res)
 			}
 			d.checkCrash(r, label, src, before, sums)
+			if c.fault == vmfork.FaultDiskOnlyFrozen {
+				// A frozen /data would block this write past the timeout.
+				if res := d.cli("--timeout", "30s", "exec", src, "--", "sh", "-c", "echo thawed >/data/thawed && sync"); res.code != 0 {
+					t.Errorf("%s: a write in the source: %s; want its filesystems thawed", label, res)
+				}
+			}
 			for name := range d.machines() {
 				if args[0] == "rm" && name == args[1] {
 					t.Errorf("%s: a killed rm of %s left it listed", label, name)
