@@ -68,6 +68,28 @@
 // NIC link down until the identity chain has run, and resumes. When the child
 // stops, libvirt deletes its RAM directory; the template survives.
 //
+// # Several disks, and disk-only forks
+//
+// A machine vmfork boots with extra disks (vmfork.DiskSpec) has them after
+// the boot disk in the spec's order, vdb, vdc, ..., each with its id as its
+// <serial> (extraBootDisks); an adopted domain's extra disks are its
+// writable file disks, their ids their targets. Freeze switches every cow
+// or shared disk in the one snapshot that switches the boot disk
+// (prepareExtraDisks, snapshotExtras) and names the others (fresh, keep,
+// read-only) with snapshot='no', so they stay as they are. A child's XML
+// points each writable disk at the image its policy gave it, found by the
+// id in the disk's serial or, for an adopted domain, by its target
+// (childDisks, diskID); a disk shared at boot is read-only in the source's
+// XML already and stays the same image.
+//
+// fork --disk-only (SwitchDisks) makes the same snapshot with the domain
+// running: libvirt 9.0 stops the vCPUs for an external snapshot only when
+// it includes memory (qemuSnapshotCreateActiveExternal). The Manager
+// freezes the guest's filesystems around it through the agent passthrough;
+// libvirt's QUIESCE flag would freeze and thaw inside the one call, out of
+// reach of vmfork's bound, journal and repair. The children boot from their
+// records (BootXML), so a disk-only fork of an adopted domain is refused.
+//
 // # Existing domains: adoption
 //
 // `vmfork -c qemu:///system fork web1` forks a domain vmfork did not make,

@@ -30,7 +30,9 @@ the virtio-serial port org.qemu.guest_agent.0.
 --disk may be given several times: the first is the boot disk, the others
 extra virtio disks with an id and a fork policy (see vmfork fork --help):
 cow (the default), shared (read-only here and in every child), fresh or
-keep (children get an empty disk of the same size).
+keep (children get an empty disk of the same size). They are vdb, vdc, ...
+in the order given; the libvirt driver (--connect) also gives each its id as
+its serial, so the guest finds it as /dev/disk/by-id/virtio-ID.
 
 An extra disk may be a block device (an LVM volume, a partition, a loop
 device: --disk id=data,file=/dev/vg0/data). That one is written in place
