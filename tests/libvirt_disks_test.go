@@ -22,7 +22,8 @@ import (
 // data. Then a disk-only fork of the same running source: its vCPUs never
 // stop (a serial ticker timed on the host shows no stall beyond the
 // filesystem-freeze window), and its two children boot fresh from that
-// view of all its disks.
+// view of all its disks. Last, a fork of the source stopped, and its
+// restart, both from vmfork's record alone.
 func TestLibvirtDiskPolicies(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
@@ -209,5 +210,23 @@ func TestLibvirtDiskPolicies(t *testing.T) {
 		t.Logf("libvirt live fork: %.0f ms in all, pause_ms %.1f; source's serial ticker: %d ticks, longest gap %v",
 			ms(end.Sub(start)), live.PauseMS, n, gap.Round(time.Millisecond))
 		d.cliOK("rm", "-f", live.Children[0].Name)
+	}
+	// A stopped source's child boots from its record (BootXML) with
+	// every disk by its policy, and the source starts again on its
+	// own disks, its keep disk as it was.
+	d.cliOK("stop", p)
+	var st forkJSON
+	d.cliJSON(&st, "fork", p, "--count", "1", "--prefix", p+"-st")
+	for dev, want := range map[string]string{data: "DATA-DO", ro: "SHARED", scratch: "", home: ""} {
+		if got := read(st.Children[0].Name, dev); got != want {
+			t.Errorf("stopped source's child %s's %s reads %q, want %q", st.Children[0].Name, dev, got, want)
+		}
+	}
+	d.cliOK("rm", "-f", st.Children[0].Name)
+	d.cliOK("start", p)
+	for dev, want := range map[string]string{data: "DATA-DO", home: "HOME-SRC", scratch: "SCRATCH-SRC"} {
+		if got := read(p, dev); got != want {
+			t.Errorf("after a restart the source's %s reads %q, want %q", dev, got, want)
+		}
 	}
 }

@@ -59,7 +59,7 @@ var expectedSeconds = map[string]int{
 	"TestNetworkLibvirtChildren/network": 60,
 	"TestNetworkLibvirtChildren/bridge":  60,
 	"TestLibvirtKeptTemplate":            60,
-	"TestLibvirtDiskPolicies":            45,
+	"TestLibvirtDiskPolicies":            50,
 	"TestLibvirtHungCalls":               55,
 }
 
