@@ -94,8 +94,12 @@ func TestLibvirtDiskPolicies(t *testing.T) {
 		}
 	})
 
+	hook := filepath.Join(dir, "disk-env.sh")
+	if err := os.WriteFile(hook, []byte("env | grep '^VMFORK_DISK_' | sort >/tmp/disk-env\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	var res forkJSON
-	d.cliJSON(&res, "fork", p, "--count", "3")
+	d.cliJSON(&res, "fork", p, "--count", "3", "--extra-step", "vmforktest.disks="+hook)
 	if len(res.Children) != 3 {
 		t.Fatalf("fork = %+v, want three children", res)
 	}
@@ -111,6 +115,9 @@ func TestLibvirtDiskPolicies(t *testing.T) {
 			if got := read(c, dev); got != "" {
 				t.Errorf("%s's %s reads %q, want an empty disk", c, dev, got)
 			}
+		}
+		if got := strings.Fields(d.run(c, "cat", "/tmp/disk-env")); strings.Join(got, " ") != "VMFORK_DISK_HOME=fresh VMFORK_DISK_SCRATCH=fresh" {
+			t.Errorf("%s's hooks saw %q, want VMFORK_DISK_HOME=fresh VMFORK_DISK_SCRATCH=fresh", c, got)
 		}
 		// libvirt's view: every disk, the shared one read-only, the
 		// others the child's own images.
