@@ -323,3 +323,38 @@ func TestCollectKeepsATemplateAnExtraDiskReads(t *testing.T) {
 		t.Errorf("template left after the last chain reading it went")
 	}
 }
+
+// cowOnlyDisks is a driver that boots and forks extra disks but honours
+// only cow.
+type cowOnlyDisks struct{ *fakeDriver }
+
+func (cowOnlyDisks) DiskPolicies() []DiskPolicy { return []DiskPolicy{DiskCow} }
+func (cowOnlyDisks) BootsDisks() bool           { return true }
+
+// A disk or policy the driver cannot honour is refused in one line naming
+// the driver, the disk and the policy, as bad input.
+func TestCheckDiskSupport(t *testing.T) {
+	s := Spec{Disk: "/srv/os.qcow2", Disks: []DiskSpec{{ID: "data", File: "/srv/data.qcow2"}, {ID: "home", File: "/srv/home.qcow2", Fork: DiskKeep}}}
+	fd := &fakeDriver{}
+	for _, c := range []struct {
+		name     string
+		drv      Driver
+		override map[string]DiskPolicy
+		boots    bool
+		want     string
+	}{
+		{"no multi-disk driver", fd, nil, false, `driver "fake" cannot boot a machine with more than one disk (disk "data")`},
+		{"policy at boot", cowOnlyDisks{fd}, nil, true, `driver "fake" cannot honour policy keep of disk "home"`},
+		{"policy per fork", cowOnlyDisks{fd}, map[string]DiskPolicy{"home": DiskCow, "data": DiskFresh}, false, `driver "fake" cannot honour policy fresh of disk "data"`},
+	} {
+		mg := &Manager{Driver: c.drv}
+		err := mg.checkDiskSupport(s, c.override, c.boots)
+		if !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalid %q", c.name, err, c.want)
+		}
+	}
+	mg := &Manager{Driver: cowOnlyDisks{fd}}
+	if err := mg.checkDiskSupport(s, map[string]DiskPolicy{"home": DiskCow}, true); err != nil {
+		t.Errorf("cow everywhere on a cow-only driver: %v", err)
+	}
+}
