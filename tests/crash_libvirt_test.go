@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -36,7 +37,22 @@ func TestCrashMatrixLibvirt(t *testing.T) {
 	d := newDriverEnv(t, []string{"--connect", libvirtURI})
 	r := &rig{env: d.env, t: t, faultBin: failpointsBin(t)}
 	src := d.n("src")
-	d.bootGuest(src)
+	// Extra disks (a cow one holding data, a fresh one): every fork below
+	// switches two disks in its snapshot, and the repairs must leave the
+	// source on the tops its QEMU holds (xdisk-<id>.N.qcow2).
+	dir := t.TempDir()
+	var extra []string
+	for _, x := range []string{"more", "scratch"} {
+		f := filepath.Join(dir, x+".qcow2")
+		if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", f, "1M").CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img create %s: %v: %s", f, err, out)
+		}
+		extra = append(extra, "--disk", "id="+x+",file="+f)
+	}
+	extra[len(extra)-1] += ",fork=fresh"
+	d.bootGuest(src, extra...)
+	const readMore = "sync; echo 3 >/proc/sys/vm/drop_caches; dd if=/dev/vdb bs=16 count=1 2>/dev/null | tr -d '\\000'"
+	d.run(src, "sh", "-c", "printf MORE-SRC | dd of=/dev/vdb conv=notrunc 2>/dev/null && sync")
 	d.run(src, "vmfork-counter", "start")
 	runs := crashRuns(t)
 	fork := func() []string { return []string{"fork", src, "--count", "2", "--prefix", d.n("k")} }
@@ -101,6 +117,11 @@ func TestCrashMatrixLibvirt(t *testing.T) {
 		d.cliOK("fork", src, c2)
 		if h := strings.TrimSpace(d.run(c2, "hostname")); h != c2 {
 			t.Errorf("fork after the %s repairs: child %s has hostname %q", c.fault, c2, h)
+		}
+		for _, m := range []string{src, c2} {
+			if got := strings.TrimSpace(d.run(m, "sh", "-c", readMore)); got != "MORE-SRC" {
+				t.Errorf("after the %s repairs: %s's extra disk reads %q, want MORE-SRC", c.fault, m, got)
+			}
 		}
 		d.cliOK("rm", c2)
 		t.Logf("case libvirt %s: %d runs repaired (%v)", c.fault, runs, time.Since(start).Round(time.Second))
