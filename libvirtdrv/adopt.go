@@ -259,8 +259,8 @@ func memoryBytes(v uint, unit string) uint64 {
 	return n << 10 // "", "k", "KiB"
 }
 
-// writableFileDisk returns the source of def's writable file disk, the one a
-// fork freezes; Check has made sure there is at most one.
+// writableFileDisk returns the source of def's first writable file disk,
+// the boot disk of its record (Adopt); the others are its extra disks.
 func writableFileDisk(def *libvirtxml.Domain) string {
 	if ds := writableFileDisks(def); len(ds) > 0 {
 		return ds[0].file
