@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmfork/vmfork/overlay"
 )
 
@@ -358,3 +360,29 @@ func TestCheckDiskSupport(t *testing.T) {
 		t.Errorf("cow everywhere on a cow-only driver: %v", err)
 	}
 }
+
+// TestCheckDiskSupportBlock: a disk on a block device is refused, before
+// anything changes, by a driver that cannot open one (the libvirt driver
+// describes every disk as a file), and taken by one that can.
+func TestCheckDiskSupportBlock(t *testing.T) {
+	dev := filepath.Join(t.TempDir(), "blk")
+	if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 200))); err != nil {
+		t.Skipf("make a block device node (needs CAP_MKNOD): %v", err)
+	}
+	s := Spec{Disk: "/srv/os.qcow2", Disks: []DiskSpec{{ID: "data", File: dev}}}
+	mg := &Manager{Driver: cowOnlyDisks{&fakeDriver{}}}
+	err := mg.checkDiskSupport(s, nil, true)
+	want := `driver "fake" cannot run disk "data" on block device ` + dev
+	if !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), BlockDisksDoc) {
+		t.Errorf("block disk on a driver without BlockDisks: %v, want ErrInvalid %q", err, want)
+	}
+	mg.Driver = blockDisks{cowOnlyDisks{&fakeDriver{}}}
+	if err := mg.checkDiskSupport(s, nil, true); err != nil {
+		t.Errorf("block disk on a driver with BlockDisks: %v", err)
+	}
+}
+
+// blockDisks is a driver that runs disks on block devices.
+type blockDisks struct{ cowOnlyDisks }
+
+func (blockDisks) BlockDisks() bool { return true }

@@ -347,3 +347,7 @@ func (d *Driver) DiskPolicies() []vmfork.DiskPolicy {
 
 // BootsDisks implements vmfork.MultiDisker.
 func (d *Driver) BootsDisks() bool { return true }
+
+// BlockDisks implements vmfork.BlockDisker: extra disks on block devices
+// are opened with host_device.
+func (d *Driver) BlockDisks() bool { return true }
