@@ -21,6 +21,11 @@ package sharedmem
 //     onto it, dropping its private pages. When no template and no other
 //     process needs the old file any more, the private pages are written into
 //     it in place instead, and nothing is copied at all.
+//   - Delta: as Diff, when the request allows it and the old file is not
+//     the source's alone: the template is the old file (the base, a second
+//     name) plus a sparse file of the private pages written in the pause;
+//     nothing is copied before the pause and the source is not remapped
+//     (delta.go).
 //   - Stream: a machine whose QEMU maps its RAM share=off has all of its RAM
 //     in the device state.
 //   - Copy: the RAM file is shared but cannot be remapped (no ptrace here,
@@ -57,10 +62,11 @@ const (
 	First
 	Diff
 	Copy
+	Delta
 )
 
 func (m Mode) String() string {
-	return [...]string{"stream", "first", "diff", "copy"}[m]
+	return [...]string{"stream", "first", "diff", "copy", "delta"}[m]
 }
 
 // QOMShare reports whether QEMU created its memory backend id share=on.
@@ -91,6 +97,11 @@ type PlanRequest struct {
 	Template, Temp string
 	// Suffix ends the name of the file QEMU maps (".ram", "pc.ram").
 	Suffix string
+	// Delta and Base, when set, allow a delta freeze (delta.go) where Diff
+	// would copy the frozen file: Base becomes a second name of that file
+	// and Delta the sparse file of the private pages; Template is then not
+	// made. Only for a consumer that maps the base and applies the delta.
+	Delta, Base string
 }
 
 // Plan is what a freeze prepared for the source's RAM before the pause.
@@ -100,6 +111,9 @@ type Plan struct {
 	CopyReason error
 	// Precopied is how much was copied before the pause.
 	Precopied int64
+	// DeltaBase is the name the source's mapping showed for the base file
+	// of a Delta freeze (for the record; the template holds Base).
+	DeltaBase string
 
 	req     PlanRequest
 	m       Mapping
@@ -108,6 +122,11 @@ type Plan struct {
 	tmp     string // the copy's name until renamed; "" when written in place
 	fdset   int    // QEMU's add-fd set holding the new file, or -1
 	qemuFD  int
+	// A Delta freeze's files until they are whole: the delta being
+	// written (named deltaTmp) and whether Base was linked.
+	delta      *os.File
+	deltaTmp   string
+	baseLinked bool
 }
 
 // Prepare finds how the source's RAM is mapped and prepares, while it runs,
@@ -153,6 +172,17 @@ func Prepare(ctx context.Context, mon Monitor, req PlanRequest) (p *Plan, err er
 		inPlace, err := Exclusive(p.m, req.Own)
 		if err != nil {
 			return nil, err
+		}
+		if !inPlace && req.Delta != "" {
+			ok, err := p.prepareDelta(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				// QEMU gets nothing: it keeps mapping the base.
+				p.Mode = Delta
+				return p, nil
+			}
 		}
 		if inPlace {
 			p.base, err = p.m.Writable()
@@ -234,7 +264,11 @@ func removeFD(ctx context.Context, mon Monitor, fdset int) {
 // pause. On error it has made no template file.
 func (p *Plan) InPause(ctx context.Context, w *PauseWindow) (int64, error) {
 	n, err := p.inPause(ctx)
-	if err == nil {
+	if err == nil && p.Mode == Delta {
+		w.OnFailure(func(context.Context) error {
+			return errors.Join(rmIfAny(p.req.Delta), rmIfAny(p.req.Base))
+		})
+	} else if err == nil {
 		w.OnFailure(func(context.Context) error { return os.Remove(p.req.Template) })
 	}
 	return n, err
@@ -248,6 +282,8 @@ func (p *Plan) inPause(ctx context.Context) (int64, error) {
 		return SaveRAM(ctx, p.req.RAM, p.req.Template, false, p.req.SizeBytes)
 	case Copy:
 		return SaveRAM(ctx, p.req.RAM, p.req.Template, true, p.req.SizeBytes)
+	case Delta:
+		return p.inPauseDelta(ctx)
 	case Diff:
 		st, err := CopyPrivate(ctx, p.m, p.base)
 		if err != nil {
@@ -303,6 +339,26 @@ func (p *Plan) Cleanup(ctx context.Context, mon Monitor) {
 		os.Remove(p.tmp)
 		p.tmp = ""
 	}
+	if p.delta != nil {
+		p.delta.Close()
+		p.delta = nil
+	}
+	if p.deltaTmp != "" {
+		os.Remove(p.deltaTmp)
+		p.deltaTmp = ""
+	}
+	if p.baseLinked {
+		os.Remove(p.req.Base)
+		p.baseLinked = false
+	}
+}
+
+// rmIfAny removes path, which may not exist.
+func rmIfAny(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // MapTemplate remaps the RAM of a QEMU that is starting (process pid, its

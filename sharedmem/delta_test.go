@@ -1,0 +1,145 @@
+//go:build linux && amd64
+
+package sharedmem
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+)
+
+// TestPlanDelta: a process on a frozen file that a template still holds is
+// frozen as a delta (the file as base under a second name, and a sparse file
+// of its private pages), is not remapped, and a child mapped onto the base
+// with the delta applied sees exactly the instant, as does the compacted
+// full file; the base is never written.
+func TestPlanDelta(t *testing.T) {
+	rootOnly(t)
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.ram")
+	fillFile(t, a, 'a')
+	h := startHelper(t, a, a)
+	pid := h.cmd.Process.Pid
+	mon := &fakeMonitor{fd: h.fd}
+	req := planRequest(pid, a, dir)
+	p, err := Prepare(t.Context(), mon, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.InPause(t.Context(), &PauseWindow{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Cleanup(t.Context(), mon)
+	// The first template (t.ram) keeps a's file: the next freeze may not
+	// write it in place.
+	h.ask("set 2 21")
+	h.ask("set 9 22")
+	req2 := req
+	req2.Template, req2.Temp = filepath.Join(dir, "t2.ram"), filepath.Join(dir, ".t2.ram.tmp")
+	req2.Delta, req2.Base = filepath.Join(dir, "t2.delta"), filepath.Join(dir, "t2.base.ram")
+	mon2 := &fakeMonitor{}
+	p2, err := Prepare(t.Context(), mon2, req2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Cleanup(t.Context(), mon2)
+	if p2.Mode != Delta || p2.Precopied != 0 {
+		t.Fatalf("second plan: mode %v, %d bytes precopied; want delta, 0", p2.Mode, p2.Precopied)
+	}
+	if len(mon2.cmds) != 0 {
+		t.Errorf("a delta plan ran QMP commands %v; QEMU needs nothing", mon2.cmds)
+	}
+	n, err := p2.InPause(t.Context(), &PauseWindow{})
+	if err != nil || n != 2*pageSize {
+		t.Fatalf("InPause = %d, %v; want the 2 private pages", n, err)
+	}
+	p2.Cleanup(t.Context(), mon2)
+	if _, err := os.Stat(req2.Template); !os.IsNotExist(err) {
+		t.Errorf("a delta freeze made the full template file %s (%v)", req2.Template, err)
+	}
+	if inodeOf(t, req2.Base) != inodeOf(t, a) {
+		t.Errorf("the delta's base is not the file the process maps")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(req2.Delta, &st); err != nil || st.Blocks*512 != 2*pageSize {
+		t.Errorf("delta holds %d bytes (%v), want the 2 private pages", st.Blocks*512, err)
+	}
+	// Not remapped: the process still sees its writes, and writes on.
+	h.ask("set 3 23")
+	if got := h.ask("get 9"); got != "22" {
+		t.Errorf("source page 9 reads %s after the delta freeze, want 22", got)
+	}
+
+	// A child: a fresh shared file, remapped onto the base, delta applied.
+	c := filepath.Join(dir, "c.ram")
+	fillFile(t, c, 'c')
+	ch := startHelper(t, c, req2.Base)
+	as, err := MapTemplateDelta(t.Context(), &fakeMonitor{fd: ch.fd}, ch.cmd.Process.Pid, c, req2.Base, req2.Delta, helperPages*pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if as.Bytes != 2*pageSize {
+		t.Errorf("applied %d bytes, want 2 pages", as.Bytes)
+	}
+	for page, want := range map[int]int{2: 21, 9: 22, 3: 'a', 0: 'a'} {
+		if got := ch.ask("get " + strconv.Itoa(page)); got != strconv.Itoa(want) {
+			t.Errorf("child page %d reads %s, want %d (the instant)", page, got, want)
+		}
+	}
+	ch.ask("set 4 24")
+	if data, _ := os.ReadFile(a); data[2*pageSize] != 'a' || data[4*pageSize] != 'a' {
+		t.Errorf("the base was written: pages 2, 4 = %d, %d", data[2*pageSize], data[4*pageSize])
+	}
+
+	full := filepath.Join(dir, "t2.ram")
+	if _, err := CompactDelta(t.Context(), req2.Base, req2.Delta, full); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{'a'}, helperPages*pageSize)
+	want[2*pageSize], want[9*pageSize] = 21, 22
+	if got, _ := os.ReadFile(full); !bytes.Equal(got, want) {
+		t.Errorf("the compacted file is not base + delta")
+	}
+}
+
+// TestPlanDeltaTooLarge: private pages above the share make a full copy
+// (which resets the source's private pages), not a delta.
+func TestPlanDeltaTooLarge(t *testing.T) {
+	rootOnly(t)
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.ram")
+	fillFile(t, a, 'a')
+	h := startHelper(t, a, a)
+	mon := &fakeMonitor{fd: h.fd}
+	req := planRequest(h.cmd.Process.Pid, a, dir)
+	p, err := Prepare(t.Context(), mon, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.InPause(t.Context(), &PauseWindow{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Cleanup(t.Context(), mon)
+	for i := 0; i < helperPages/maxDeltaShare+1; i++ {
+		h.ask("set " + strconv.Itoa(i) + " 7")
+	}
+	req2 := req
+	req2.Template, req2.Temp = filepath.Join(dir, "t2.ram"), filepath.Join(dir, ".t2.ram.tmp")
+	req2.Delta, req2.Base = filepath.Join(dir, "t2.delta"), filepath.Join(dir, "t2.base.ram")
+	p2, err := Prepare(t.Context(), mon, req2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Cleanup(t.Context(), mon)
+	if p2.Mode != Diff {
+		t.Fatalf("plan with %d of %d pages private: mode %v, want diff", helperPages/maxDeltaShare+1, helperPages, p2.Mode)
+	}
+	for _, f := range []string{req2.Base, req2.Temp + "-delta"} {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("%s left by a plan that chose a copy (%v)", f, err)
+		}
+	}
+}
