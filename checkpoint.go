@@ -336,7 +336,7 @@ func (mg *Manager) inPlaceChild(ctx context.Context, m *Machine, t *Template, pr
 	c.Spec = t.Spec
 	c.Spec.Ports = slices.Clone(m.Spec.Ports)
 	c.Template = t.ID
-	c.Paths.RAM, c.Paths.RAMShared = t.Paths.RAM, false
+	c.Paths.RAM, c.Paths.RAMShared = t.MappedRAM(), false
 	if err := prep(&c); err != nil {
 		return nil, err
 	}

@@ -52,6 +52,10 @@ type FreezeOptions struct {
 	// after the instant could show clients work (a reply, a TCP ack) that
 	// the resumed machine never did.
 	LeavePaused bool
+	// Delta allows the template's RAM to be a delta on the file the source
+	// maps (delta.go), where it would otherwise be copied. Only for a fork
+	// whose children the driver starts itself.
+	Delta bool
 }
 
 // Forker is the optional driver capability to fork machines.

@@ -148,6 +148,12 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	fail := func(err error) (*ExportResult, error) {
 		return nil, fmt.Errorf("export %q: %w", req.Name, err)
 	}
+	if t.HasMemory {
+		// An archive holds one full RAM file (delta.go).
+		if err := mg.Store.CompactRAM(ctx, t); err != nil {
+			return fail(err)
+		}
+	}
 
 	hdr := archiveHeader{Format: archiveFormat, Exported: time.Now().UTC(), Template: *t}
 	if hdr.Host, err = hostFacts(t); err != nil {

@@ -160,7 +160,7 @@ func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult,
 	switch p.mode {
 	case forkLive:
 		if err = mg.preFork(ctx, src, f.tpl, p.req.Identity); err == nil {
-			err = mg.freezeRunning(ctx, p.forker, src, f.tpl, FreezeOptions{DetachDevices: p.req.DetachDevices})
+			err = mg.freezeRunning(ctx, p.forker, src, f.tpl, FreezeOptions{DetachDevices: p.req.DetachDevices, Delta: true})
 		}
 	case forkDiskOnly:
 		if fsFrozen, err = mg.freezeDiskOnly(ctx, src, f.tpl, p.req.CrashConsistent); err == nil {
@@ -500,6 +500,13 @@ func (mg *Manager) repairFork(ctx context.Context, e journalEntry) (done bool, e
 		mg.Log.WithField("template", tpl.ID).Warn("gave up a template an interrupted save left half-made")
 	}
 	mg.Store.removeTempFiles(e.Template)
+	if tpl != nil && !tpl.HasMemory {
+		// The freeze never finished (its record would say so): whatever
+		// RAM it made, a whole delta and its base's name included, is
+		// never used, and would hold tmpfs (the base: a whole RAM file)
+		// for as long as the template's disk is a layer.
+		mg.Store.clearTemplateRAM(e.Template)
+	}
 	return done && len(errs) == 0, errors.Join(append([]error{err}, errs...)...)
 }
 
@@ -611,7 +618,7 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 			return childOutcome{err: err}
 		}
 	case childLoad:
-		c.Paths.RAM, c.Paths.RAMShared = tpl.Paths.RAM, false
+		c.Paths.RAM, c.Paths.RAMShared = tpl.MappedRAM(), false
 		if err := mg.Store.SaveMachine(c); err != nil {
 			return childOutcome{err: err}
 		}

@@ -418,6 +418,11 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 	}
 	if t.HasMemory {
 		st.RAMBytes, _ = overlay.AllocatedBytes(t.Paths.RAM)
+		if t.RAMDelta != nil {
+			// What it holds alone; the base is counted with whoever
+			// else names it.
+			st.RAMBytes, _ = overlay.AllocatedBytes(t.RAMDelta.Pages)
+		}
 	}
 	for _, m := range ms {
 		if m.Template == t.ID && m.mapsTemplate() {

@@ -69,7 +69,7 @@ func (s *Store) newPoolMember(t *Template) (*Machine, error) {
 				Dir: d, Disk: filepath.Join(d, fileDisk), QMP: filepath.Join(d, fileQMP),
 				QGA: filepath.Join(d, fileQGA), Serial: filepath.Join(d, fileSerial),
 				Ledger: filepath.Join(d, fileLedger),
-				Log:    filepath.Join(d, fileQEMULog), RAM: t.Paths.RAM, RAMShared: false,
+				Log:    filepath.Join(d, fileQEMULog), RAM: t.MappedRAM(), RAMShared: false,
 			},
 		}
 		if t.Paths.Disk == "" {

@@ -31,6 +31,14 @@ func TemplateRAMLost(t *Template) bool {
 	if !t.HasMemory || t.Hibernation != "" || t.Paths.RAM == "" {
 		return false
 	}
+	if d := t.RAMDelta; d != nil {
+		for _, p := range []string{d.Base, d.Pages} {
+			if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+				return true
+			}
+		}
+		return false
+	}
 	_, err := os.Stat(t.Paths.RAM)
 	return errors.Is(err, fs.ErrNotExist)
 }

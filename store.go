@@ -283,12 +283,21 @@ func (s *Store) removeTempFiles(id string) {
 	}
 }
 
+// clearTemplateRAM removes the RAM files of template id in the mem dir: its
+// full file and a delta's two. Only for a template whose record holds no
+// memory.
+func (s *Store) clearTemplateRAM(id string) {
+	os.Remove(s.TemplatePaths(id).RAM)
+	s.removeRAMDelta(id)
+}
+
 // clearTemplateID removes whatever files of template id a dead command left
 // in the mem dir. Its caller has just reserved the id (its directory did
 // not exist), so no live template owns them.
 func (s *Store) clearTemplateID(id string) {
 	s.removeTempFiles(id)
 	os.Remove(s.TemplatePaths(id).RAM)
+	s.removeRAMDelta(id)
 }
 
 // Lock takes the exclusive lock of name (a machine or template), waiting

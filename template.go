@@ -77,6 +77,9 @@ type Template struct {
 	// (hibernate.go). The RAM file in the mem dir (Paths.RAM) is then there
 	// only while children of the hibernated machine map it.
 	Hibernation string `json:"hibernation,omitempty"`
+	// RAMDelta is set when the template's RAM is its base file plus a
+	// delta (delta.go); Paths.RAM then does not exist until CompactRAM.
+	RAMDelta *RAMDelta `json:"ram_delta,omitempty"`
 	// SourceParent and SourceTemplate are the source's own lineage at the
 	// freeze, so that vmfork tree can place this template after its source
 	// machine was removed.
@@ -265,7 +268,10 @@ func (s *Store) DropTemplateMemory(t *Template) error {
 	if err := os.Remove(filepath.Join(t.Paths.Dir, fileChunkMap)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}
-	t.HasMemory = false
+	if err := s.removeRAMDelta(t.ID); err != nil {
+		return err
+	}
+	t.HasMemory, t.RAMDelta = false, nil
 	return s.WriteTemplate(t)
 }
 
@@ -278,6 +284,9 @@ func (s *Store) RemoveTemplate(id string) error {
 	p := s.TemplatePaths(id)
 	if err := os.Remove(p.RAM); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("template %q: remove RAM file: %w", id, err)
+	}
+	if err := s.removeRAMDelta(id); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(p.Dir); err != nil {
 		return fmt.Errorf("template %q: %w", id, err)

@@ -153,6 +153,9 @@ func buildTree(in treeInput) *Tree {
 		}
 		if t.HasMemory {
 			n.RAMBytes = in.disk(t.Paths.RAM)
+			if t.RAMDelta != nil {
+				n.RAMBytes = in.disk(t.RAMDelta.Pages) // the base is another's
+			}
 		}
 		if !t.ForeignDisk {
 			n.DiskBytes = in.disk(t.Paths.Disk)

@@ -31,6 +31,11 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
+	if t.RAMDelta != nil {
+		// Only the embedded driver makes and applies deltas (vmfork
+		// delta.go); mapping the base alone would lose the delta's pages.
+		return fmt.Errorf("template %q: its RAM is a delta, which the libvirt driver cannot map: %w", t.ID, vmfork.ErrUnsupported)
+	}
 	srcXML, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)

@@ -324,7 +324,7 @@ func (d *Driver) Prestart(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	if err := got.Check(t.Manifest); err != nil {
 		return err
 	}
-	if err := mapTemplate(ctx, mon, p.pid, start, t, int64(m.Spec.MemoryMiB)<<20); err != nil {
+	if err := mapTemplate(ctx, mon, p.pid, start, t, int64(m.Spec.MemoryMiB)<<20, d.log.WithField("machine", m.Name)); err != nil {
 		return err
 	}
 	// Capabilities are global to the QEMU process and outlive this

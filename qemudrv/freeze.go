@@ -31,17 +31,23 @@ func ownRAM(m *vmfork.Machine) string {
 const ramSuffix = ".ram"
 
 // prepareRAM plans, before the pause, how src's RAM becomes t's.
-func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, log *logrus.Entry) (*sharedmem.Plan, error) {
+func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, delta bool, log *logrus.Entry) (*sharedmem.Plan, error) {
 	shared, err := sharedmem.QOMShare(ctx, mon, ramID)
 	if err != nil {
 		return nil, err
 	}
-	p, err := sharedmem.Prepare(ctx, mon, sharedmem.PlanRequest{
+	req := sharedmem.PlanRequest{
 		PID: src.PID, SizeBytes: int64(src.Spec.MemoryMiB) << 20, Shared: shared,
 		RAM: src.Paths.RAM, Own: ownRAM(src), Template: t.Paths.RAM,
 		Temp:   filepath.Join(filepath.Dir(t.Paths.RAM), "."+t.ID+ramSuffix+".tmp"),
 		Suffix: ramSuffix,
-	})
+	}
+	if delta {
+		// Named after the template, so that its removal, gc and a crashed
+		// fork's repair find them (vmfork.DeltaPaths).
+		req.Base, req.Delta = vmfork.DeltaPaths(t.Paths.RAM)
+	}
+	p, err := sharedmem.Prepare(ctx, mon, req)
 	if err != nil {
 		return nil, fmt.Errorf("machine %q: %w", src.Name, err)
 	}
@@ -75,7 +81,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
-	ram, err := prepareRAM(ctx, mon, src, t, log)
+	ram, err := prepareRAM(ctx, mon, src, t, opts.Delta, log)
 	if err != nil {
 		return fr, fmt.Errorf("prepare RAM: %w", err)
 	}
@@ -106,6 +112,10 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		t.Manifest.DevStateBytes = st.Size()
 	}
 	t.Manifest.RAMSharedWithChildren = ram.Mode != sharedmem.Stream
+	if ram.Mode == sharedmem.Delta {
+		base, pages := vmfork.DeltaPaths(t.Paths.RAM)
+		t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: fr.RAMCopiedBytes}
+	}
 	log.WithFields(logrus.Fields{
 		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
@@ -170,11 +180,25 @@ func childRAM(m *vmfork.Machine, t *vmfork.Template) (*vmfork.Machine, string, e
 }
 
 // mapTemplate remaps the RAM of child process pid, started on start
-// (childRAM), privately onto template t's RAM file, and removes start.
-func mapTemplate(ctx context.Context, mon *qmp.Monitor, pid int, start string, t *vmfork.Template, sizeBytes int64) error {
+// (childRAM), privately onto template t's RAM file, and removes start. A
+// delta template's child maps the base and gets the delta's pages written
+// into its own copy-on-write pages here, before its device state loads
+// (virtio's load reads the rings in guest RAM) and long before cont.
+func mapTemplate(ctx context.Context, mon *qmp.Monitor, pid int, start string, t *vmfork.Template, sizeBytes int64, log *logrus.Entry) error {
 	if start == "" {
+		if t.RAMDelta != nil {
+			return fmt.Errorf("template %q: its RAM is a delta, which needs the remap this build lacks: %w", t.ID, vmfork.ErrUnsupported)
+		}
 		return nil
 	}
 	defer os.Remove(start)
+	if d := t.RAMDelta; d != nil {
+		st, err := sharedmem.MapTemplateDelta(ctx, mon, pid, start, d.Base, d.Pages, sizeBytes)
+		if err != nil {
+			return fmt.Errorf("template %q: %w", t.ID, err)
+		}
+		log.WithFields(logrus.Fields{"template": t.ID, "delta_bytes": st.Bytes, "delta_runs": st.Runs, "delta_ms": float64(st.Took.Microseconds()) / 1000}).Debug("delta applied")
+		return nil
+	}
 	return sharedmem.MapTemplate(ctx, mon, pid, start, t.Paths.RAM, sizeBytes)
 }
