@@ -1,0 +1,150 @@
+//go:build integration
+
+package tests
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/vmfork/vmfork"
+)
+
+// templateRecord reads template id's record.
+func (e *env) templateRecord(id string) vmfork.Template {
+	e.t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.stateDir, "templates", id, "manifest.json"))
+	if err != nil {
+		e.t.Fatalf("template %s: %v", id, err)
+	}
+	var tpl vmfork.Template
+	if err := json.Unmarshal(b, &tpl); err != nil {
+		e.t.Fatalf("template %s record: %v", id, err)
+	}
+	return tpl
+}
+
+// memDirBytes is what the files in the mem dir hold (allocated blocks),
+// each file counted once however many names it has, and the bytes of each
+// name's file.
+func (e *env) memDirBytes() (total int64, byName map[string]int64) {
+	e.t.Helper()
+	ents, err := os.ReadDir(e.memDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	seen := map[uint64]bool{}
+	byName = map[string]int64{}
+	for _, d := range ents {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(e.memDir, d.Name()), &st); err != nil {
+			continue
+		}
+		byName[d.Name()] = st.Blocks * 512
+		if !seen[st.Ino] {
+			seen[st.Ino] = true
+			total += st.Blocks * 512
+		}
+	}
+	return total, byName
+}
+
+// TestDeltaForks (issue 27): a source forked 5 times, every child kept,
+// writing between the forks (a counter and a file per instant). The first
+// fork's template is the source's own file; every later one is a delta on
+// it, with nothing copied before the pause. Every child holds exactly its
+// instant's memory, the mem dir holds the used RAM once plus the deltas, a
+// fork of a delta template's child works, and the base outlives its own
+// template while deltas need it.
+func TestDeltaForks(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
+	e := newEnv(t)
+	e.boot("src")
+	pid := strings.TrimSpace(e.exec("src", "vmfork-counter", "start"))
+	e.fillRun("src", "/run/fill", 24)
+	const forks = 5
+	sums := map[int]string{} // the file each instant wrote
+	tpls := map[int]string{}
+	var deltas int64
+	for i := 1; i <= forks; i++ {
+		n := strconv.Itoa(i)
+		e.exec("src", "sh", "-c", "echo "+n+" > /run/instant")
+		sums[i] = e.fillRun("src", "/run/file-"+n, 1)
+		fz, res := e.forkMode("src", "d"+n)
+		tpls[i] = res.Template
+		rec := e.templateRecord(res.Template)
+		switch {
+		case i == 1 && (fz.RAMMode != "first" || rec.RAMDelta != nil):
+			t.Errorf("fork 1: RAM mode %s, delta %v; want first, a full file", fz.RAMMode, rec.RAMDelta)
+		case i > 1 && (fz.RAMMode != "delta" || *fz.PrecopiedBytes != 0 || rec.RAMDelta == nil):
+			t.Fatalf("fork %d: RAM mode %s, %d bytes copied before the pause, delta %+v; want a delta, nothing copied", i, fz.RAMMode, *fz.PrecopiedBytes, rec.RAMDelta)
+		case i > 1:
+			deltas += rec.RAMDelta.Bytes
+			if _, err := os.Stat(filepath.Join(e.memDir, res.Template+".ram")); !os.IsNotExist(err) {
+				t.Errorf("delta template %s has a full RAM file (%v)", res.Template, err)
+			}
+		}
+	}
+	check := func(child string, i int) {
+		t.Helper()
+		if got := e.exec(child, "cat", "/run/instant"); got != strconv.Itoa(i)+"\n" {
+			t.Errorf("%s: /run/instant = %q, want %d", child, got, i)
+		}
+		for k := 1; k <= forks; k++ {
+			f := "/run/file-" + strconv.Itoa(k)
+			if k > i {
+				if r := e.vmfork("exec", child, "--", "cat", f); r.code == 0 {
+					t.Errorf("%s (instant %d) has %s, written after its instant", child, i, f)
+				}
+				continue
+			}
+			if got := e.md5(child, f); got != sums[k] {
+				t.Errorf("%s: %s differs from what instant %d wrote", child, f, k)
+			}
+		}
+		if got := strings.TrimSpace(e.exec(child, "cat", "/run/counter.pid")); got != pid {
+			t.Errorf("%s: counter pid %s, want %s", child, got, pid)
+		}
+	}
+	for i := 1; i <= forks; i++ {
+		check("d"+strconv.Itoa(i), i)
+	}
+	// The mem dir: the source's file (the first template, every delta's
+	// base) once, and the deltas. Full copies would be forks × that file.
+	total, byName := e.memDirBytes()
+	base := byName[tpls[1]+".ram"]
+	t.Logf("mem dir %d MiB: base %d MiB, deltas %d KiB in all (%d forks)", total>>20, base>>20, deltas>>10, forks)
+	if total > base+deltas+(4<<20) || deltas > base/2 {
+		t.Errorf("mem dir holds %d bytes; want about the base (%d) once plus the deltas (%d)", total, base, deltas)
+	}
+
+	// A child of a delta template writes, and is forked: a delta again.
+	e.exec("d3", "sh", "-c", "echo from-d3 > /run/d3")
+	fz, _ := e.forkMode("d3", "e3")
+	if fz.RAMMode != "delta" {
+		t.Errorf("fork of d3 (a child of a delta template): RAM mode %s, want delta", fz.RAMMode)
+	}
+	check("e3", 3)
+	if got := e.exec("e3", "cat", "/run/d3"); got != "from-d3\n" {
+		t.Errorf("e3: /run/d3 = %q", got)
+	}
+
+	// The first template goes with its child; the deltas' base stays.
+	e.ok("rm", "d1")
+	e.ok("gc")
+	if _, err := os.Stat(filepath.Join(e.memDir, tpls[1]+".ram")); !os.IsNotExist(err) {
+		t.Errorf("template %s's RAM name outlived its last child (%v)", tpls[1], err)
+	}
+	// A new QEMU on the base after its own template went: a fork of d5.
+	e.forkMode("d5", "f5")
+	check("f5", 5)
+	check("d2", 2)
+	e.counterAdvances("f5")
+	e.counterAdvances("src")
+	e.ok("rm", "e3", "f5", "d2", "d3", "d4", "d5", "src")
+	e.assertEmpty()
+}
