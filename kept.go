@@ -44,8 +44,12 @@ type TemplateStatus struct {
 	Created   time.Time `json:"created"`
 	MemoryMiB int       `json:"memory_mib"`
 	HasMemory bool      `json:"has_memory"`
-	// RAMBytes is what the frozen RAM file holds (its allocated extents).
-	RAMBytes int64   `json:"ram_bytes"`
+	// RAMBytes is what the frozen RAM file holds (its allocated extents);
+	// for a delta, what the delta holds: the RAM it holds alone.
+	RAMBytes int64 `json:"ram_bytes"`
+	// RAMDelta says the RAM is a delta on a base file that is another's
+	// (delta.go): always one level deep.
+	RAMDelta bool    `json:"ram_delta,omitempty"`
 	PauseMS  float64 `json:"pause_ms,omitempty"`
 	// Children counts machines that map the template's RAM now.
 	Children int `json:"children"`
@@ -422,6 +426,7 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 			// What it holds alone; the base is counted with whoever
 			// else names it.
 			st.RAMBytes, _ = overlay.AllocatedBytes(t.RAMDelta.Pages)
+			st.RAMDelta = true
 		}
 	}
 	for _, m := range ms {

@@ -121,6 +121,9 @@ func printTemplates(w io.Writer, ts []vmfork.TemplateStatus) error {
 			held = "lost" // a host restart took it (vmfork gc gives the name up)
 		case t.HasMemory:
 			held = fmt.Sprintf("%.1f MiB", float64(t.RAMBytes)/(1<<20))
+			if t.RAMDelta {
+				held += " delta" // on another template's file
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
 			held, t.Children, t.Pooled, t.PoolSize, t.Created.Local().Format("2006-01-02 15:04:05"))

@@ -17,16 +17,18 @@ func TestPrintTemplates(t *testing.T) {
 		{Name: "golden", ID: "web.2", Source: "web", Created: created, MemoryMiB: 256, HasMemory: true, RAMBytes: 3 << 20, Children: 1, Pooled: 2, PoolSize: 4},
 		{ID: "web.3", Source: "web", Created: created, MemoryMiB: 256},
 		{Name: "gone", ID: "web.4", Source: "web", Created: created, MemoryMiB: 256, HasMemory: true, RAMLost: true},
+		{ID: "web.5", Source: "web", Created: created, MemoryMiB: 256, HasMemory: true, RAMBytes: 1 << 20, RAMDelta: true, Children: 1},
 	}
 	var b bytes.Buffer
 	if err := printTemplates(&b, ts); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
-		"NAME    ID     SOURCE  MEMORY   RAM HELD  CHILDREN  POOL  CREATED",
-		"golden  web.2  web     256 MiB  3.0 MiB   1         2/4   2026-01-02 03:04:05",
-		"-       web.3  web     256 MiB  -         0         0/0   2026-01-02 03:04:05",
-		"gone    web.4  web     256 MiB  lost      0         0/0   2026-01-02 03:04:05",
+		"NAME    ID     SOURCE  MEMORY   RAM HELD       CHILDREN  POOL  CREATED",
+		"golden  web.2  web     256 MiB  3.0 MiB        1         2/4   2026-01-02 03:04:05",
+		"-       web.3  web     256 MiB  -              0         0/0   2026-01-02 03:04:05",
+		"gone    web.4  web     256 MiB  lost           0         0/0   2026-01-02 03:04:05",
+		"-       web.5  web     256 MiB  1.0 MiB delta  1         0/0   2026-01-02 03:04:05",
 	}
 	if got := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("table:\n%s\nwant:\n%s", b.String(), strings.Join(want, "\n"))

@@ -1,0 +1,155 @@
+package vmfork
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/vmfork/vmfork/overlay"
+)
+
+const testPage = 4096
+
+// deltaTemplate makes template tpl a delta on file base: its base name is a
+// hard link to base, its delta one page of 'd' at page 1.
+func deltaTemplate(t *testing.T, s *Store, base string) *Template {
+	t.Helper()
+	tpl, err := s.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, pages := DeltaPaths(tpl.Paths.RAM)
+	if err := os.Link(base, b); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(pages, os.O_CREATE|os.O_WRONLY, 0o400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(4 * testPage)
+	f.WriteAt(bytes.Repeat([]byte{'d'}, testPage), testPage)
+	f.Close()
+	tpl.HasMemory = true
+	tpl.RAMDelta = &RAMDelta{Base: b, Pages: pages, Bytes: testPage}
+	if err := s.WriteTemplate(tpl); err != nil {
+		t.Fatal(err)
+	}
+	return tpl
+}
+
+// A delta template's base outlives the template it came from; the record
+// and its children find the base; compaction makes one full file of base
+// and delta and drops the delta; removal takes the delta's files.
+func TestDeltaTemplateFiles(t *testing.T) {
+	s := newTestStore(t)
+	first, err := s.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(first.Paths.RAM, bytes.Repeat([]byte{'a'}, 4*testPage), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	tpl := deltaTemplate(t, s, first.Paths.RAM)
+	if tpl.MappedRAM() != tpl.RAMDelta.Base {
+		t.Errorf("a delta template's children map %s, want its base", tpl.MappedRAM())
+	}
+	if err := s.RemoveTemplate(first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if TemplateRAMLost(tpl) {
+		t.Error("the delta template lost its RAM when its base's own template went")
+	}
+	if _, err := os.Stat(tpl.Paths.RAM); !os.IsNotExist(err) {
+		t.Fatalf("a delta template has a full RAM file before compaction (%v)", err)
+	}
+	if err := s.CompactRAM(t.Context(), tpl); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{'a'}, 4*testPage)
+	copy(want[testPage:], bytes.Repeat([]byte{'d'}, testPage))
+	if got, err := os.ReadFile(tpl.Paths.RAM); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("compacted RAM is not base + delta (%v)", err)
+	}
+	rec, err := s.LoadTemplate(tpl.ID)
+	if err != nil || rec.RAMDelta != nil || rec.MappedRAM() != tpl.Paths.RAM {
+		t.Errorf("record after compaction: %+v, %v; want a full template", rec.RAMDelta, err)
+	}
+	b, pages := DeltaPaths(tpl.Paths.RAM)
+	if pathExists(b) || pathExists(pages) {
+		t.Errorf("the delta's files outlived the compaction")
+	}
+
+	// Removal of a delta template takes its files; a lost delta is lost.
+	tpl2 := deltaTemplate(t, s, tpl.Paths.RAM)
+	os.Remove(tpl2.RAMDelta.Pages)
+	if !TemplateRAMLost(tpl2) {
+		t.Error("a delta template without its delta file is not reported lost")
+	}
+	if err := s.RemoveTemplate(tpl2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if pathExists(tpl2.RAMDelta.Base) {
+		t.Errorf("removing a delta template left its base name %s", tpl2.RAMDelta.Base)
+	}
+}
+
+// A fork killed after its delta was written but before its record said
+// so: the delta and the base's name go with the repair (the record holds no
+// memory), instead of holding a whole RAM file on tmpfs for as long as the
+// template's disk is a layer of the source's chain (which keeps the
+// template from gc).
+func TestRecoverKilledDeltaFork(t *testing.T) {
+	mg, d := newTestManager(t)
+	bootFake(t, mg, "src")
+	base := filepath.Join(mg.Store.MemDir, "src.ram")
+	if err := os.WriteFile(base, bytes.Repeat([]byte{'a'}, 4*testPage), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tpl := deltaTemplate(t, mg.Store, base)
+	b, pages := tpl.RAMDelta.Base, tpl.RAMDelta.Pages
+	tpl.HasMemory, tpl.RAMDelta = false, nil // the record as prepareFork wrote it
+	if err := mg.Store.WriteTemplate(tpl); err != nil {
+		t.Fatal(err)
+	}
+	// The disk switch happened: the source's new top reads the frozen disk.
+	img, err := os.ReadFile(filepath.Join("overlay", "testdata", "base.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tpl.Paths.Disk, img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addMachine(t, mg, "other", StateRunning, "")
+	other, err := mg.Store.LoadMachine("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Spec.Disk = tpl.Paths.Disk
+	if err := overlay.Create(t.Context(), tpl.Paths.Disk, other.Paths.Disk); err != nil {
+		t.Fatal(err)
+	}
+	if err := mg.Store.SaveMachine(other); err != nil {
+		t.Fatal(err)
+	}
+	d.running["other"] = true
+	half := filepath.Join(mg.Store.MemDir, "."+tpl.ID+".ram.tmp-delta")
+	if err := os.WriteFile(half, []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	abandon(t, mg.Store, journalEntry{Op: "fork", Source: "src", Template: tpl.ID})
+	if _, err := mg.List(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{b, pages, half} {
+		if pathExists(f) {
+			t.Errorf("%s left by the repair of a killed delta fork", f)
+		}
+	}
+	if !pathExists(base) {
+		t.Error("the repair removed the source's own RAM file")
+	}
+	if !pathExists(tpl.Paths.Dir) {
+		t.Error("the template went with gc: this test no longer shows the repair")
+	}
+}
