@@ -18,7 +18,7 @@ N=${N:-5} MEM=${MEM:-1G} USE=${USE:-512} WRITE=${WRITE:-8}
 err=$(mktemp)
 trap 'rm -f "$err"' EXIT
 for bin in "$@"; do
-  tag=$(basename "$(dirname "$(readlink -f "$bin")")")/$(basename "$bin")
+  tag=$bin
   st=$(mktemp -d /tmp/delta-st.XXXXXX)
   mem=$(mktemp -d /dev/shm/delta-mem.XXXXXX)
   V=("$bin" --state-dir "$st" --mem-dir "$mem")

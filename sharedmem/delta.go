@@ -15,11 +15,15 @@ package sharedmem
 // wrote since it was mapped onto that file. A fork of a child of a delta
 // template is again a delta on the same base (its private pages are the
 // delta's pages plus its own writes). The price is that a source's deltas
-// grow with all it wrote since its base, not since its last fork: once the
-// private pages pass maxDeltaShare of the base's data (checked before the
+// grow with all it wrote since its base, not since its last fork, and they
+// are written in the pause: the pause grows with them (0.7 ms per MB on
+// the reference host, docs/FLATPAUSE.md). Once the private pages pass
+// maxDeltaShare of the base's data or maxDeltaBytes (checked before the
 // pause, with the page-table scan, which costs 0.2 ms per 512 MiB), the
 // freeze makes a full file the old way, which remaps the source onto it and
-// starts its deltas again from there.
+// starts its deltas again from there. Tracking the pages written since the
+// last fork (userfaultfd write-protect, which this host's kernel has, where
+// soft-dirty is not built) would let the pause write only those; not built.
 //
 // Children of a delta template map the base privately (MapTemplate) and get
 // the delta's pages written into that mapping before the device state is
@@ -43,6 +47,11 @@ import (
 // a full file (copied before the pause) costs the used RAM once and resets
 // the source's private pages.
 const maxDeltaShare = 4
+
+// maxDeltaBytes bounds what a delta writes in the pause: about 45 ms on the
+// reference host, against 5-12 ms for the pages written since the last fork
+// that a full copy's freeze writes.
+const maxDeltaBytes = 64 << 20
 
 // PrivateBytes returns how many bytes of m are the process's own pages (what
 // CopyPrivate would copy now). It reads the page tables while the process
@@ -87,7 +96,7 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if private*maxDeltaShare > st.Blocks*512 {
+	if private*maxDeltaShare > st.Blocks*512 || private > maxDeltaBytes {
 		return false, nil
 	}
 	// Linked through /proc/self/fd: the name the mapping shows may be gone
