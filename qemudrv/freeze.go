@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vmfork/vmfork"
+	"github.com/vmfork/vmfork/overlay"
 	"github.com/vmfork/vmfork/qemustate"
 	"github.com/vmfork/vmfork/qmp"
 	"github.com/vmfork/vmfork/sharedmem"
@@ -28,7 +29,10 @@ func ownRAM(m *vmfork.Machine) string {
 	return filepath.Join(filepath.Dir(m.Paths.RAM), m.Name+ramSuffix)
 }
 
-const ramSuffix = ".ram"
+const (
+	ramSuffix    = ".ram"
+	ramTrackFile = "ram-track.json"
+)
 
 // prepareRAM plans, before the pause, how src's RAM becomes t's.
 func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, delta bool, log *logrus.Entry) (*sharedmem.Plan, error) {
@@ -46,6 +50,9 @@ func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 		// Named after the template, so that its removal, gc and a crashed
 		// fork's repair find them (vmfork.DeltaPaths).
 		req.Base, req.Delta = vmfork.DeltaPaths(t.Paths.RAM)
+		// The machine's write tracking (sharedmem/track.go) lives and
+		// goes with its directory.
+		req.Track = filepath.Join(src.Paths.Dir, ramTrackFile)
 	}
 	p, err := sharedmem.Prepare(ctx, mon, req)
 	if err != nil {
@@ -114,10 +121,14 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	t.Manifest.RAMSharedWithChildren = ram.Mode != sharedmem.Stream
 	if ram.Mode == sharedmem.Delta {
 		base, pages := vmfork.DeltaPaths(t.Paths.RAM)
-		t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: fr.RAMCopiedBytes}
+		held, _ := overlay.AllocatedBytes(pages)
+		t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: held}
+	}
+	if ram.TrackErr != nil {
+		log.WithError(ram.TrackErr).Debug("no write tracking: the next delta writes all private pages in the pause")
 	}
 	log.WithFields(logrus.Fields{
-		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
+		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(), "tracked": ram.Tracked(),
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
 	}).WithFields(frozen.Phases()).Debug("frozen")
 	return fr, nil

@@ -33,6 +33,7 @@ package sharedmem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -96,7 +97,19 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if private*maxDeltaShare > st.Blocks*512 || private > maxDeltaBytes {
+	// What the pause will write: with the source's writes tracked since
+	// the last delta, only the pages written since (track.go).
+	paused := private
+	tr, _ := loadTrack(p.req.Track)
+	prev, armed := tr.armedAt(p.m)
+	if armed {
+		if w, err := writtenRuns(p.m); err == nil {
+			paused = runBytes(w)
+		} else {
+			armed = false
+		}
+	}
+	if private*maxDeltaShare > st.Blocks*512 || paused > maxDeltaBytes {
 		return false, nil
 	}
 	// Linked through /proc/self/fd: the name the mapping shows may be gone
@@ -115,25 +128,181 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("create RAM delta: %w", err)
 	}
 	p.DeltaBase = p.m.Path
+	if armed {
+		// The last delta, copied while the source runs: the pause
+		// writes only what changed since its instant.
+		if n, err := copyFile(ctx, prev, f, st.Size); err == nil {
+			p.tracked, p.Precopied = true, n
+		} else {
+			p.TrackErr = err
+			if err := emptyFile(f, st.Size); err != nil {
+				return false, err
+			}
+		}
+	}
+	p.prepareTrack(tr)
 	return true, nil
+}
+
+// prepareTrack makes sure, while the source runs, that its writes are
+// tracked from the next instant on (registered now, armed in the pause).
+// Tracking that cannot be had is no error: the next delta then writes all
+// the private pages, as without it (TrackErr says why).
+func (p *Plan) prepareTrack(tr Track) {
+	if p.req.Track == "" {
+		return
+	}
+	if tr.registeredFor(p.m) {
+		if _, err := writtenRuns(p.m); err == nil {
+			p.track = tr
+			return
+		}
+		// The mapping was replaced under the same file (a remap in
+		// place): its registration went with it.
+	}
+	if os.Geteuid() != 0 {
+		// Without CAP_SYS_ADMIN the page map hides swap types, and a
+		// write-protect marker could not be told from a private page.
+		p.TrackErr = errors.New("write tracking needs root")
+		return
+	}
+	fd, err := registerWP(p.m)
+	if err != nil {
+		p.TrackErr = err
+		os.Remove(p.req.Track)
+		return
+	}
+	p.track = Track{PID: p.m.PID, Start: uint64(p.m.Start), Dev: p.m.Dev, Inode: p.m.Inode, UFFD: fd}
+	if err := saveTrack(p.req.Track, p.track); err != nil {
+		p.TrackErr, p.track = err, Track{}
+	}
+}
+
+// armTrack re-arms the source's write tracking at the instant of the delta
+// just named, in the pause. The record is invalid while arming, so that a
+// crash in between costs the next fork a whole delta, never a wrong one.
+func (p *Plan) armTrack() {
+	if p.track.UFFD <= 0 {
+		return
+	}
+	tr := p.track
+	tr.Pages, tr.PagesInode, tr.PagesCtime = "", 0, 0
+	if err := saveTrack(p.req.Track, tr); err != nil {
+		p.TrackErr = err
+		return
+	}
+	if err := armWP(p.m); err != nil {
+		p.TrackErr = err
+		os.Remove(p.req.Track) // registered no more: register again next time
+		return
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(p.req.Delta, &st); err != nil {
+		p.TrackErr = err
+		return
+	}
+	tr.Pages, tr.PagesInode, tr.PagesCtime = p.req.Delta, st.Ino, st.Ctim.Nano()
+	if err := saveTrack(p.req.Track, tr); err != nil {
+		p.TrackErr = err
+	}
+}
+
+// runBytes is the size of runs.
+func runBytes(runs []pageRun) int64 {
+	var n int64
+	for _, r := range runs {
+		n += r.n * pageSize
+	}
+	return n
+}
+
+// copyFile copies the data extents of file path into f (size bytes).
+func copyFile(ctx context.Context, path string, f *os.File, size int64) (int64, error) {
+	in, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer in.Close()
+	return copyExtents(ctx, in, f, size)
+}
+
+// emptyFile makes f size bytes of holes.
+func emptyFile(f *os.File, size int64) error {
+	if err := f.Truncate(0); err != nil {
+		return fmt.Errorf("RAM delta: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("RAM delta: %w", err)
+	}
+	return nil
 }
 
 // inPauseDelta writes the paused source's private pages into the delta
 // file and gives it its name; the source is left as it is.
 func (p *Plan) inPauseDelta(ctx context.Context) (int64, error) {
-	st, err := CopyPrivate(ctx, p.m, p.delta)
+	n, err := p.writeDelta(ctx)
 	if err != nil {
-		return st.CopiedBytes, err
+		return n, err
 	}
 	if err := unix.Fchmod(int(p.delta.Fd()), 0o400); err != nil {
-		return st.CopiedBytes, fmt.Errorf("RAM delta: %w", err)
+		return n, fmt.Errorf("RAM delta: %w", err)
 	}
 	// Only a whole delta has the name a template's record points to.
 	if err := os.Rename(p.deltaTmp, p.req.Delta); err != nil {
-		return st.CopiedBytes, fmt.Errorf("name RAM delta: %w", err)
+		return n, fmt.Errorf("name RAM delta: %w", err)
 	}
 	p.deltaTmp, p.baseLinked = "", false
-	return st.CopiedBytes, nil
+	p.armTrack()
+	return n, nil
+}
+
+// writeDelta makes the delta file hold exactly the paused source's private
+// pages: all of them, or, tracked, the last delta's (already in the file)
+// less those no longer private, with the pages written since over them.
+func (p *Plan) writeDelta(ctx context.Context) (int64, error) {
+	if p.tracked {
+		n, err := p.writeTracked(ctx)
+		if err == nil {
+			return n, nil
+		}
+		p.tracked, p.TrackErr = false, err
+		if err := emptyFile(p.delta, p.m.Offset+p.m.Size()); err != nil {
+			return 0, err
+		}
+	}
+	st, err := CopyPrivate(ctx, p.m, p.delta)
+	return st.CopiedBytes, err
+}
+
+func (p *Plan) writeTracked(ctx context.Context) (int64, error) {
+	private, err := privateRuns(ctx, p.m)
+	if err != nil {
+		return 0, err
+	}
+	written, err := writtenRuns(p.m)
+	if err != nil {
+		return 0, err
+	}
+	held, err := dataRuns(ctx, p.delta, p.m.Offset, p.m.Size())
+	if err != nil {
+		return 0, err
+	}
+	ps := newPageSet(p.m.Size()/pageSize, private)
+	// A page the last delta held that is no longer private shows the base
+	// again (QEMU discarded it): a hole.
+	_, gone := ps.split(held)
+	if err := punchRuns(p.delta, p.m.Offset, gone); err != nil {
+		return 0, err
+	}
+	// A page written since and not private is the base's too.
+	changed, stale := ps.split(written)
+	if err := punchRuns(p.delta, p.m.Offset, stale); err != nil {
+		return 0, err
+	}
+	if len(changed) == 0 {
+		return 0, nil
+	}
+	return copyRuns(ctx, p.m, p.delta, changed)
 }
 
 // ApplyStats says what ApplyDelta wrote.

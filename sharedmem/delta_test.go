@@ -143,3 +143,101 @@ func TestPlanDeltaTooLarge(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanDeltaTracked: with the source's writes tracked (track.go), the
+// second delta starts from the first (copied before the pause) and the
+// pause writes only the pages written since; without the last delta the
+// freeze falls back to all private pages. Every delta holds exactly the
+// instant's private pages.
+func TestPlanDeltaTracked(t *testing.T) {
+	rootOnly(t)
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.ram")
+	fillFile(t, a, 'a')
+	h := startHelper(t, a, a)
+	pid := h.cmd.Process.Pid
+	mon := &fakeMonitor{fd: h.fd}
+	req := planRequest(pid, a, dir)
+	p, err := Prepare(t.Context(), mon, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.InPause(t.Context(), &PauseWindow{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Cleanup(t.Context(), mon)
+	track := filepath.Join(dir, "track.json")
+	fork := func(k int) (*Plan, int64, string) {
+		t.Helper()
+		r := req
+		n := "t" + strconv.Itoa(k)
+		r.Template, r.Temp = filepath.Join(dir, n+".ram"), filepath.Join(dir, "."+n+".ram.tmp")
+		r.Delta, r.Base, r.Track = filepath.Join(dir, n+".delta"), filepath.Join(dir, n+".base.ram"), track
+		p, err := Prepare(t.Context(), &fakeMonitor{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Cleanup(t.Context(), mon)
+		if p.Mode != Delta {
+			t.Fatalf("fork %d: mode %v, want delta", k, p.Mode)
+		}
+		copied, err := p.InPause(t.Context(), &PauseWindow{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.TrackErr != nil {
+			t.Errorf("fork %d: write tracking: %v", k, p.TrackErr)
+		}
+		return p, copied, r.Delta
+	}
+	holds := func(delta string, want map[int]byte) {
+		t.Helper()
+		data, err := os.ReadFile(delta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for pg, b := range want {
+			if data[pg*pageSize] != b {
+				t.Errorf("%s page %d = %d, want %d", filepath.Base(delta), pg, data[pg*pageSize], b)
+			}
+		}
+		var st syscall.Stat_t
+		syscall.Stat(delta, &st)
+		if st.Blocks*512 != int64(len(want))*pageSize {
+			t.Errorf("%s holds %d bytes, want its %d private pages", filepath.Base(delta), st.Blocks*512, len(want))
+		}
+	}
+	h.ask("set 2 21")
+	h.ask("set 9 22")
+	p2, n2, d2 := fork(2)
+	if p2.tracked || n2 != 2*pageSize {
+		t.Errorf("fork 2 (nothing tracked yet): tracked %v, %d bytes in the pause; want untracked, 2 pages", p2.tracked, n2)
+	}
+	holds(d2, map[int]byte{2: 21, 9: 22})
+	h.ask("set 2 31")
+	h.ask("set 3 32")
+	h.ask("get 9") // a read is no write
+	p3, n3, d3 := fork(3)
+	if !p3.tracked || n3 != 2*pageSize || p3.Precopied != 2*pageSize {
+		t.Errorf("fork 3: tracked %v, %d bytes in the pause, %d before; want tracked, 2 pages (2 and 3) in, the last delta's 2 before", p3.tracked, n3, p3.Precopied)
+	}
+	holds(d3, map[int]byte{2: 31, 3: 32, 9: 22})
+	_, n4, d4 := fork(4)
+	if n4 != 0 {
+		t.Errorf("fork 4 with nothing written: %d bytes in the pause", n4)
+	}
+	holds(d4, map[int]byte{2: 31, 3: 32, 9: 22})
+	os.Remove(d4) // the last delta gone: no base to start from
+	h.ask("set 5 35")
+	p5, n5, d5 := fork(5)
+	if p5.tracked || n5 != 4*pageSize {
+		t.Errorf("fork 5 without the last delta: tracked %v, %d bytes in the pause; want untracked, all 4 private pages", p5.tracked, n5)
+	}
+	holds(d5, map[int]byte{2: 31, 3: 32, 5: 35, 9: 22})
+	h.ask("set 5 45")
+	_, n6, d6 := fork(6)
+	if n6 != pageSize {
+		t.Errorf("fork 6: %d bytes in the pause, want the 1 page written", n6)
+	}
+	holds(d6, map[int]byte{2: 31, 3: 32, 5: 45, 9: 22})
+}

@@ -130,7 +130,7 @@ func readPrivate(ctx context.Context, pm *os.File, m Mapping, fn func(first, n i
 		}
 		for i := int64(0); i < k; i++ {
 			e := le64(ents[i*8:])
-			private := e&pmSwapped != 0 || (e&pmPresent != 0 && e&pmFile == 0)
+			private := (e&pmSwapped != 0 && !isMarker(e)) || (e&pmPresent != 0 && e&pmFile == 0)
 			switch {
 			case private && runStart < 0:
 				runStart, runLen = first+i, 1

@@ -2,6 +2,7 @@ package sharedmem
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"unsafe"
 
@@ -47,17 +48,80 @@ var errNoPagemapScan = errors.New("no PAGEMAP_SCAN")
 // indexes from start. It returns errNoPagemapScan, having called fn for
 // nothing, when the kernel lacks the ioctl.
 func scanPrivate(pm *os.File, start, end uint64, fn func(first, n int64) error) error {
+	// Present and not a file page: the process's own copies.
+	err := scanPages(pm, start, end, pmScanArg{
+		CategoryInverted: pageIsFile, CategoryMask: pageIsFile | pageIsPresent,
+		ReturnMask: pageIsPresent | pageIsFile,
+	}, fn)
+	if err != nil {
+		return err
+	}
+	// Not present, not a file page, a swap entry: a copy swapped out or
+	// being migrated, or, in a mapping whose writes are tracked
+	// (track.go), the write-protect marker of a page never written, which
+	// shows the file. The categories cannot tell them apart; the entry's
+	// swap type can, so these few runs are read from the page map.
+	var swapped []pageRun
+	err = scanPages(pm, start, end, pmScanArg{
+		CategoryInverted: pageIsFile | pageIsPresent, CategoryMask: pageIsFile | pageIsPresent | pageIsSwapped,
+		ReturnMask: pageIsPresent | pageIsSwapped | pageIsFile,
+	}, func(first, n int64) error { swapped = append(swapped, pageRun{first, n}); return nil })
+	if err != nil {
+		return err
+	}
+	return notMarkers(pm, start, swapped, fn)
+}
+
+// swpPTEMarker is the swap type of a PTE marker (include/linux/swap.h:
+// the last of the 1<<MAX_SWAPFILES_SHIFT types, whatever the kernel's
+// configuration), which /proc/PID/pagemap shows in the low 5 bits of a
+// swap entry to a reader with CAP_SYS_ADMIN (to others as 0, so that a
+// marker then counts as private: more pages copied, none missed).
+const swpPTEMarker = 31
+
+// notMarkers calls fn with the parts of runs (page indexes from address
+// start) whose page-map entries are no PTE marker.
+func notMarkers(pm *os.File, start uint64, runs []pageRun, fn func(first, n int64) error) error {
+	var ents []byte
+	for _, r := range runs {
+		if int64(cap(ents)) < r.n*8 {
+			ents = make([]byte, r.n*8)
+		}
+		e := ents[:r.n*8]
+		if _, err := pm.ReadAt(e, (int64(start)/pageSize+r.first)*8); err != nil {
+			return fmt.Errorf("read page map: %w", err)
+		}
+		for i := int64(0); i < r.n; {
+			j := i
+			for j < r.n && !isMarker(le64(e[j*8:])) {
+				j++
+			}
+			if j > i {
+				if err := fn(r.first+i, j-i); err != nil {
+					return err
+				}
+			}
+			for j < r.n && isMarker(le64(e[j*8:])) {
+				j++
+			}
+			i = j
+		}
+	}
+	return nil
+}
+
+func isMarker(e uint64) bool { return e&pmSwapped != 0 && e&0x1f == swpPTEMarker }
+
+// scanPages is one PAGEMAP_SCAN walk of [start, end) with the categories
+// and flags of q, calling fn with each matching run as page indexes from
+// start.
+func scanPages(pm *os.File, start, end uint64, q pmScanArg, fn func(first, n int64) error) error {
 	base := start
 	vec := make([]pageRegion, 512)
 	for first := true; start < end; first = false {
-		a := pmScanArg{
-			Size: uint64(unsafe.Sizeof(pmScanArg{})), Start: start, End: end,
-			Vec: uint64(uintptr(unsafe.Pointer(&vec[0]))), VecLen: uint64(len(vec)),
-			// Not a file page, and present or swapped.
-			CategoryInverted: pageIsFile, CategoryMask: pageIsFile,
-			CategoryAnyofMask: pageIsPresent | pageIsSwapped,
-			ReturnMask:        pageIsPresent | pageIsSwapped | pageIsFile,
-		}
+		a := q
+		a.Size, a.Start, a.End = uint64(unsafe.Sizeof(pmScanArg{})), start, end
+		a.Vec, a.VecLen = uint64(uintptr(unsafe.Pointer(&vec[0]))), uint64(len(vec))
 		r, _, errno := unix.Syscall(unix.SYS_IOCTL, pm.Fd(), pagemapScan, uintptr(unsafe.Pointer(&a)))
 		if errno != 0 {
 			if first && (errno == unix.ENOTTY || errno == unix.EINVAL) {

@@ -102,6 +102,9 @@ type PlanRequest struct {
 	// and Delta the sparse file of the private pages; Template is then not
 	// made. Only for a consumer that maps the base and applies the delta.
 	Delta, Base string
+	// Track is the file that keeps the state of the source's write
+	// tracking (track.go), in its own directory; "" for none.
+	Track string
 }
 
 // Plan is what a freeze prepared for the source's RAM before the pause.
@@ -114,6 +117,9 @@ type Plan struct {
 	// DeltaBase is the name the source's mapping showed for the base file
 	// of a Delta freeze (for the record; the template holds Base).
 	DeltaBase string
+	// TrackErr says why a Delta freeze's write tracking is not to be had
+	// (the freeze itself went on without it).
+	TrackErr error
 
 	req     PlanRequest
 	m       Mapping
@@ -127,6 +133,10 @@ type Plan struct {
 	delta      *os.File
 	deltaTmp   string
 	baseLinked bool
+	// Write tracking (track.go): tracked when the delta file holds the
+	// last delta and the pause writes only the pages written since.
+	tracked bool
+	track   Track
 }
 
 // Prepare finds how the source's RAM is mapped and prepares, while it runs,
