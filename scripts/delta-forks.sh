@@ -41,7 +41,7 @@ for bin in "$@"; do
     fi
     t1=$(date +%s%N)
     read -r pause ready < <(printf '%s' "$out" | python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["pause_ms"], r["children"][0].get("ready_ms", 0))')
-    log=$(grep 'msg=frozen\|msg="delta applied"' "$err" | grep -o 'ram_mode=[a-z]*\|precopied_bytes=[0-9]*\|paused_copy_bytes=[0-9]*\|delta_ms=[0-9.]*' | tr '\n' ' ' || true)
+    log=$(grep 'msg=frozen\|msg="delta applied"' "$err" | grep -o 'ram_mode=[a-z]*\|tracked=[a-z]*\|precopied_bytes=[0-9]*\|paused_copy_bytes=[0-9]*\|delta_ms=[0-9.]*' | tr '\n' ' ' || true)
     held=$(du -s -B1 "$mem" | cut -f1)
     echo "$tag fork=$f whole_ms=$(( (t1 - t0) / 1000000 )) pause_ms=$pause ready_ms=$ready memdir_MiB=$((held >> 20)) $log"
   done

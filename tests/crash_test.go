@@ -80,6 +80,10 @@ func TestCrashMatrix(t *testing.T) {
 			return append([]string{"template", "save", "src", fmt.Sprintf("k%d", i)}, extra...)
 		}
 	}
+	forkDelta := func(r *rig, i int) []string {
+		r.ok("fork", "src", fmt.Sprintf("held%d", i))
+		return []string{"fork", "src", "--count", "1"}
+	}
 	keptOK := func(r *rig, i int) {
 		// A save killed after its freeze keeps a whole template, or none.
 		for _, tp := range r.templates() {
@@ -104,6 +108,11 @@ func TestCrashMatrix(t *testing.T) {
 					r.t.Errorf("after a kill at %s: a write in the source: %s; want its filesystems thawed", vmfork.FaultDiskOnlyFrozen, res)
 				}
 			}},
+		// A fork while an earlier child keeps the source's frozen file:
+		// a delta template (docs/FLATPAUSE.md), killed in its pause and
+		// after its freeze.
+		{name: "fork-paused-delta", fault: vmfork.FaultFreezePaused, prep: forkDelta},
+		{name: "fork-frozen-delta", fault: vmfork.FaultForkFrozen, prep: forkDelta},
 		{name: "fork-running-kill-child", fault: vmfork.FaultForkRunning + ":qemu", prep: fork(1)},
 		{name: "fork-paused-kill-source", fault: vmfork.FaultFreezePaused + ":qemu", victim: true,
 			prep: func(*rig, int) []string { return []string{"fork", "victim", "--count", "1"} }},
@@ -374,6 +383,9 @@ func (r *rig) checkLeftovers(label string) {
 	rams, _ := filepath.Glob(filepath.Join(r.memDir, "*.ram"))
 	for _, f := range rams {
 		owner := strings.TrimSuffix(filepath.Base(f), ".ram")
+		if strings.HasSuffix(owner, ".base") {
+			continue // a delta template's base: below
+		}
 		if _, err := os.Stat(filepath.Join(r.stateDir, "machines", owner)); err == nil {
 			continue
 		}
@@ -381,6 +393,21 @@ func (r *rig) checkLeftovers(label string) {
 			continue
 		}
 		r.t.Errorf("%s: RAM file %s has no machine or template", label, f)
+	}
+	// A delta's files (docs/FLATPAUSE.md, "Delta templates") belong to a
+	// template that holds memory: a freeze killed before its record said
+	// so leaves none (the base's name would hold a whole RAM file).
+	withMemory := map[string]bool{}
+	for _, tp := range r.templates() {
+		withMemory[tp.ID] = tp.HasMemory
+	}
+	bases, _ := filepath.Glob(filepath.Join(r.memDir, "*.base.ram"))
+	deltas, _ := filepath.Glob(filepath.Join(r.memDir, "*.delta"))
+	for _, f := range append(bases, deltas...) {
+		owner := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(f), ".base.ram"), ".delta")
+		if !withMemory[owner] {
+			r.t.Errorf("%s: delta file %s has no template with memory", label, f)
+		}
 	}
 }
 
@@ -395,6 +422,8 @@ func (r *rig) templateSums() map[string]string {
 		}
 		files := []string{
 			filepath.Join(r.memDir, tp.ID+".ram"),
+			filepath.Join(r.memDir, tp.ID+".base.ram"),
+			filepath.Join(r.memDir, tp.ID+".delta"),
 			filepath.Join(r.stateDir, "templates", tp.ID, "devstate"),
 			filepath.Join(r.stateDir, "templates", tp.ID, "disk.qcow2"),
 		}
