@@ -7,7 +7,7 @@ package sharedmem
 // gives the template the frozen file itself as its base (a second name, a
 // hard link, so the base lives while the delta does, whoever else gives it
 // up) and a sparse file holding only the private pages, written in the
-// pause as before. Nothing is copied before the pause and the source is not
+// pause as before. The frozen file is not copied and the source is not
 // remapped: it goes on mapping the base privately with its private pages.
 //
 // A delta is always one level deep: the base is a full file, never another
@@ -15,15 +15,15 @@ package sharedmem
 // wrote since it was mapped onto that file. A fork of a child of a delta
 // template is again a delta on the same base (its private pages are the
 // delta's pages plus its own writes). The price is that a source's deltas
-// grow with all it wrote since its base, not since its last fork, and they
-// are written in the pause: the pause grows with them (0.7 ms per MB on
-// the reference host, docs/FLATPAUSE.md). Once the private pages pass
-// maxDeltaShare of the base's data or maxDeltaBytes (checked before the
-// pause, with the page-table scan, which costs 0.2 ms per 512 MiB), the
-// freeze makes a full file the old way, which remaps the source onto it and
-// starts its deltas again from there. Tracking the pages written since the
-// last fork (userfaultfd write-protect, which this host's kernel has, where
-// soft-dirty is not built) would let the pause write only those; not built.
+// grow with all it wrote since its base, not since its last fork. The pause
+// writes only the pages written since the last delta where the source's
+// writes are tracked (track.go: the last delta is copied before the pause),
+// else all of them (0.7 ms per MB on the reference host, docs/FLATPAUSE.md).
+// Once the private pages pass maxDeltaShare of the base's data, or the pause
+// would write more than maxDeltaBytes (checked before the pause, with the
+// page-table scans, 0.2 ms per 512 MiB), the freeze makes a full file the
+// old way, which remaps the source onto it and starts its deltas again from
+// there.
 //
 // Children of a delta template map the base privately (MapTemplate) and get
 // the delta's pages written into that mapping before the device state is

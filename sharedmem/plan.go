@@ -23,9 +23,10 @@ package sharedmem
 //     it in place instead, and nothing is copied at all.
 //   - Delta: as Diff, when the request allows it and the old file is not
 //     the source's alone: the template is the old file (the base, a second
-//     name) plus a sparse file of the private pages written in the pause;
-//     nothing is copied before the pause and the source is not remapped
-//     (delta.go).
+//     name) plus a sparse file of the private pages written in the pause
+//     (only those written since the last delta where writes are tracked);
+//     the old file is not copied and the source is not remapped (delta.go,
+//     track.go).
 //   - Stream: a machine whose QEMU maps its RAM share=off has all of its RAM
 //     in the device state.
 //   - Copy: the RAM file is shared but cannot be remapped (no ptrace here,
