@@ -10,8 +10,12 @@
 // the same address, so that the guest's later writes go to private pages.
 // A machine mapped that way is frozen again by copying its frozen file
 // before the pause and only its private pages (CopyPrivate, found in
-// /proc/PID/pagemap) in it. Plan (plan.go) is that recipe, the same for both
-// drivers: they hand it QEMU's pid and a QMP client that passes files.
+// /proc/PID/pagemap) in it, or, where the caller allows it, by a delta
+// (delta.go): the frozen file as the template's base plus a sparse file of
+// the private pages, the source's writes tracked between deltas so that the
+// pause writes only what changed (track.go). Plan (plan.go) is that recipe,
+// the same for both drivers: they hand it QEMU's pid and a QMP client that
+// passes files.
 // Freeze, a copy of the whole file in the pause, remains for QEMUs that
 // cannot be remapped.
 //

@@ -52,7 +52,7 @@ var expectedSeconds = map[string]int{
 	"TestConformance/qemu":               95,
 	"TestConcurrency":                    80,
 	"TestFlatPauseLoop":                  75,
-	"TestDeltaForks":                     90,
+	"TestDeltaForks":                     45,
 	"TestLibvirtFlatPause":               70,
 	"TestContractLibvirtNetwork":         70,
 	"TestContractUserNetwork":            65,
