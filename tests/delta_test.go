@@ -142,6 +142,20 @@ func TestDeltaForks(t *testing.T) {
 		t.Errorf("e3: /run/d3 = %q", got)
 	}
 
+	// An export of a delta template compacts it into a full file first:
+	// the archive holds the instant (a fork of its import sees it).
+	archive := filepath.Join(t.TempDir(), "d3.vmt")
+	e.ok("template", "export", tpls[3], archive)
+	if rec := e.templateRecord(tpls[3]); rec.RAMDelta != nil {
+		t.Errorf("template %s is still a delta after its export: %+v", tpls[3], rec.RAMDelta)
+	}
+	e.ok("template", "import", archive, "--as", "inst3")
+	e.ok("fork", "inst3", "g3")
+	check("g3", 3)
+	check("d3", 3)
+	e.ok("rm", "g3")
+	e.ok("template", "rm", "inst3")
+
 	// The first template goes with its child; the deltas' base stays.
 	e.ok("rm", "d1")
 	e.ok("gc")
