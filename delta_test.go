@@ -153,3 +153,25 @@ func TestRecoverKilledDeltaFork(t *testing.T) {
 		t.Error("the template went with gc: this test no longer shows the repair")
 	}
 }
+
+// A push cuts one full RAM file: a delta template is compacted before its
+// chunk map is made, and the map's RAM holds base and delta.
+func TestChunkedCompactsDelta(t *testing.T) {
+	mg, _ := newTestManager(t)
+	s := mg.Store
+	first, err := s.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(first.Paths.RAM, bytes.Repeat([]byte{'a'}, 4*testPage), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	tpl := deltaTemplate(t, s, first.Paths.RAM)
+	os.WriteFile(tpl.Paths.DevState, []byte("devstate"), 0o600)
+	os.WriteFile(tpl.Paths.Disk, []byte("disk"), 0o600)
+	_, err = mg.chunked(t.Context(), tpl.ID)
+	rec, lerr := s.LoadTemplate(tpl.ID)
+	if lerr != nil || rec.RAMDelta != nil || !pathExists(tpl.Paths.RAM) {
+		t.Fatalf("after chunked (%v): record %+v (%v), RAM file there %v; want a compacted template", err, rec, lerr, pathExists(tpl.Paths.RAM))
+	}
+}

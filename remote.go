@@ -319,6 +319,13 @@ func (mg *Manager) chunked(ctx context.Context, name string) (*chunkManifest, er
 	if err != nil {
 		return nil, err
 	}
+	// A chunk map names one full RAM file, as an archive does (delta.go):
+	// a delta template (a live fork's) is compacted first.
+	if t.HasMemory {
+		if err := mg.Store.CompactRAM(ctx, t); err != nil {
+			return nil, err
+		}
+	}
 	unlockStore, err := mg.Store.chunkStore().lock(false)
 	if err != nil {
 		return nil, err
