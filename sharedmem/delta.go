@@ -115,7 +115,17 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 	// Linked through /proc/self/fd: the name the mapping shows may be gone
 	// while others remain (a template's, a removed machine's).
 	if err := unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(base.Fd())), unix.AT_FDCWD, p.req.Base, unix.AT_SYMLINK_FOLLOW); err != nil {
-		return false, fmt.Errorf("name RAM base %s: %w", p.req.Base, err)
+		if !errors.Is(err, unix.EXDEV) {
+			return false, fmt.Errorf("name RAM base %s: %w", p.req.Base, err)
+		}
+		// The source's QEMU runs in a mount namespace of its own (ip
+		// netns exec makes one): the file it maps is on that namespace's
+		// mount of the same file system, and linkat refuses to link
+		// across mounts. Link the name the mapping shows instead, when
+		// it still names that file; else make no delta.
+		if ok, err := linkSameFile(p.m.Path, p.req.Base, &st); !ok || err != nil {
+			return false, err
+		}
 	}
 	p.baseLinked = true
 	tmp := p.req.Temp + "-delta"
@@ -459,4 +469,26 @@ func CompactDelta(ctx context.Context, base, delta, dst string) (int64, error) {
 	}
 	ok = true
 	return n, nil
+}
+
+// linkSameFile links name to newname when name is the file st describes
+// (checked again after the link, as the name may have moved meanwhile);
+// false, having linked nothing, when it is not.
+func linkSameFile(name, newname string, st *unix.Stat_t) (bool, error) {
+	same := func() bool {
+		var got unix.Stat_t
+		return unix.Stat(name, &got) == nil && got.Dev == st.Dev && got.Ino == st.Ino
+	}
+	if name == "" || !same() {
+		return false, nil
+	}
+	if err := os.Link(name, newname); err != nil {
+		return false, fmt.Errorf("name RAM base %s: %w", newname, err)
+	}
+	var got unix.Stat_t
+	if err := unix.Stat(newname, &got); err != nil || got.Dev != st.Dev || got.Ino != st.Ino {
+		os.Remove(newname)
+		return false, nil
+	}
+	return true, nil
 }
