@@ -73,7 +73,11 @@ func TestBenchPeersSmoke(t *testing.T) {
 		"--settle", "200ms", "--json")
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("vmfork bench peers: %v\n%s", err, out)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("vmfork bench peers: %v\n%s\nstderr:\n%s", err, out, stderr)
 	}
 	var res struct {
 		Sizes []struct {

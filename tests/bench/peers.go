@@ -524,8 +524,17 @@ func forkSample(ctx context.Context, mg *vmfork.Manager, src string) (forked, er
 	}
 	f.Sample = Sample{RunningMS: c.RunningMS, ReadyMS: c.ReadyMS, PauseMS: res.PauseMS, WallMS: ms(wall)}
 	f.Steps = identitySteps(c.Identity)
-	f.ram = mg.Store.TemplatePaths(res.Template).RAM
+	// A delta template's child maps its base (vmfork's delta.go); what the
+	// template holds of its own is then the delta alone.
+	tpl, err := mg.Store.LoadTemplate(res.Template)
+	if err != nil {
+		return f, err
+	}
+	f.ram = tpl.MappedRAM()
 	f.TemplateRAMBytes = allocatedBytes(f.ram)
+	if tpl.RAMDelta != nil {
+		f.TemplateRAMBytes = allocatedBytes(tpl.RAMDelta.Pages)
+	}
 	// The child's record, not the source's: src may name a kept template.
 	m, err := mg.Store.LoadMachine(c.Name)
 	if err != nil {

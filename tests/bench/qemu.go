@@ -44,6 +44,12 @@ func (e *Env) spawnFromTemplate(ctx context.Context, child, label string) (q *ba
 	if err != nil {
 		return nil, err
 	}
+	// A bare QEMU maps one full RAM file: a delta template (a live fork of
+	// a source that already maps a frozen file, vmfork's delta.go) is
+	// compacted first, outside the timed part.
+	if err := e.mgr.Store.CompactRAM(ctx, tpl); err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp(e.dir, label+"-")
 	if err != nil {
 		return nil, err
