@@ -534,11 +534,13 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 		members = mg.takePool(ctx, tpl, len(children))
 	}
 	out := make([]childOutcome, len(children))
-	// At most parallel at once, fewer while the CPUs are contended (pace.go).
-	pace := newPacer(parallel, mg.host())
+	// At most parallel at once, fewer while the CPUs are contended and
+	// the children's chains slow down (pace.go).
+	pace := newPacer(parallel, mg.host(), mg.Log)
 	var wg sync.WaitGroup
 	ident := req.Identity
 	ident.forkNonce = newUUID()
+	ident.stepEnded = pace.stepEnded
 	for i, c := range children {
 		cs := childStart{tpl: tpl, child: c, index: i + 1, mode: childBoot, identity: ident}
 		switch {

@@ -29,6 +29,9 @@ type IdentityOptions struct {
 	// forkNonce is new for each fork (startChildren): the children's MACs
 	// follow from it (prepareIdentity).
 	forkNonce string
+	// stepEnded, if set, hears how long each step of a child's chain took
+	// of its timeout: the fork's pacer (pace.go).
+	stepEnded func(took, timeout time.Duration)
 }
 
 // Validate checks the options before anything is paused.
@@ -234,9 +237,12 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 	env := &customize.Env{
 		Agent:    agent,
 		HostKeys: &mg.hostKeys,
-		StepDone: traceOf(ctx).stepDone(c.Name),
+		StepDone: paceSteps(chain, opts.stepEnded, traceOf(ctx).stepDone(c.Name)),
 		// On a busy host a late guest is slow, not dead (pace.go).
 		Slow: mg.slowGuest(c),
+		// A step whose guest still runs may be retried once (an agent
+		// that was merely late).
+		Runs: mg.guestRuns(c),
 		Child: customize.Child{
 			Name: c.Name, Parent: c.Parent, Template: tpl.ID, Index: index,
 			Mode: spec.Mode(), MAC: c.GuestMAC, OldMACs: mg.inheritedMACs(c, tpl),
@@ -282,6 +288,26 @@ func (mg *Manager) applyIdentity(ctx context.Context, c *Machine, tpl *Template,
 		}
 	}
 	return res, nil
+}
+
+// paceSteps returns done, and before it tells stepEnded (if set) how much of
+// its timeout each step of chain that ran used.
+func paceSteps(chain customize.Chain, stepEnded func(took, timeout time.Duration), done func(customize.StepResult)) func(customize.StepResult) {
+	if stepEnded == nil {
+		return done
+	}
+	timeouts := map[string]time.Duration{}
+	for _, s := range chain.Steps() {
+		timeouts[s.Name] = s.Timeout
+	}
+	return func(sr customize.StepResult) {
+		if sr.Status == customize.StatusOK || sr.Status == customize.StatusFailed {
+			stepEnded(time.Duration(sr.DurationMS*float64(time.Millisecond)), timeouts[sr.Name])
+		}
+		if done != nil {
+			done(sr)
+		}
+	}
 }
 
 // agentDialer connects to m's guest agent under the context of the step

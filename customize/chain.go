@@ -79,6 +79,14 @@ type Env struct {
 	// WithTimeout is kept to.
 	Slow func() bool
 
+	// Runs, if set, says whether the guest's process has had CPU time
+	// since Runs was last asked, and is still there. A retryable step
+	// (the agent's: AgentStep) whose time ran out while the guest ran is
+	// run once more before the chain fails: its guest was merely late.
+	// A guest that got no CPU, or is gone, is stuck or dead and fails
+	// as before.
+	Runs func() bool
+
 	// StepDone, if set, is called with each step's result as soon as the
 	// step has ended (the steps of a batch once the batch has), so that a
 	// caller can report progress. It must return quickly.
@@ -141,6 +149,9 @@ type Step struct {
 	// firm: the timeout was given (WithTimeout: a spec, --step-timeout)
 	// and is kept to; a default one stretches for a slow guest (Env.Slow).
 	firm bool
+	// retry: the step only waits for the guest (the agent's), so it may
+	// run again when its time ran out while the guest ran (Env.Runs).
+	retry bool
 }
 
 // Chain is an ordered list of steps. Its methods return a new Chain and
@@ -304,6 +315,9 @@ type StepResult struct {
 	// Stretched is how many times the step's timeout was renewed because
 	// the guest was slow, not dead (Env.Slow).
 	Stretched int `json:"stretched,omitempty"`
+	// Retried is 1 when the step's time ran out while its guest still
+	// ran, and it was run once more (Env.Runs).
+	Retried int `json:"retried,omitempty"`
 }
 
 // Result is what a chain did in one child.
@@ -377,21 +391,24 @@ func Run(ctx context.Context, c Chain, env *Env) (*Result, error) {
 }
 
 func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
-	sctx, cancel := ctx, context.CancelFunc(func() {})
-	var stretch *stretchContext
-	if s.Timeout > 0 {
-		stretch, cancel = withStretch(ctx, s.Timeout, env.slow(s.firm))
-		sctx = stretch
-	}
-	defer cancel()
 	env.detail = ""
 	t0 := env.now()
-	err := s.Fn(sctx, env)
-	sr := StepResult{Name: s.Name, Status: StatusOK, DurationMS: ms(env.now().Sub(t0)), Detail: env.detail}
-	var skip *skipError
-	if stretch != nil && stretch.Stretched() > 0 {
-		sr.Stretched = stretch.Stretched()
+	retryable := s.retry && !s.firm && s.Timeout > 0 && env.Runs != nil
+	if retryable {
+		env.Runs() // from here: did the guest run during the step?
 	}
+	stretch, total, err := runStepOnce(ctx, s, env)
+	stretched, retried := stretch.Stretched(), 0
+	if to, _ := stretch.timedOut(s.Timeout); err != nil && retryable && to && ctx.Err() == nil && env.Runs() {
+		// Its time ran out while the guest ran: late, not dead. Once.
+		retried = 1
+		var more time.Duration
+		stretch, more, err = runStepOnce(ctx, s, env)
+		total += more
+		stretched += stretch.Stretched()
+	}
+	sr := StepResult{Name: s.Name, Status: StatusOK, DurationMS: ms(env.now().Sub(t0)), Detail: env.detail, Stretched: stretched, Retried: retried}
+	var skip *skipError
 	switch {
 	case err == nil:
 		return sr, nil
@@ -402,7 +419,7 @@ func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
 	// A step that ran out of its own time says so; the caller's cancel
 	// speaks for itself.
 	if stretch != nil && ctx.Err() == nil {
-		if to, total := stretch.timedOut(s.Timeout); to {
+		if to, _ := stretch.timedOut(s.Timeout); to {
 			err = fmt.Errorf("timed out after %v: %w", total, err)
 		}
 	}
@@ -414,6 +431,19 @@ func runStep(ctx context.Context, s Step, env *Env) (StepResult, error) {
 		sr.ExitCode, sr.StderrTail = &code, ee.Stderr
 	}
 	return sr, err
+}
+
+// runStepOnce runs s's function once under its timeout (nil stretch: none),
+// stretched for a slow guest, and says how long its time was in all.
+func runStepOnce(ctx context.Context, s Step, env *Env) (*stretchContext, time.Duration, error) {
+	if s.Timeout <= 0 {
+		return nil, 0, s.Fn(ctx, env)
+	}
+	stretch, cancel := withStretch(ctx, s.Timeout, env.slow(s.firm))
+	defer cancel()
+	err := s.Fn(stretch, env)
+	_, total := stretch.timedOut(s.Timeout)
+	return stretch, total, err
 }
 
 // skipError is what Skipped returns.

@@ -41,7 +41,7 @@ const (
 // a guest whose agent died answers never, and this step's timeout says how
 // long that takes to find out.
 func AgentStep() Step {
-	return Step{Name: StepAgent, Timeout: DefaultTimeout, Fn: func(ctx context.Context, env *Env) error {
+	return Step{Name: StepAgent, Timeout: DefaultTimeout, retry: true, Fn: func(ctx context.Context, env *Env) error {
 		return waitAgent(ctx, env.Agent)
 	}}
 }

@@ -93,15 +93,21 @@ func (c *stretchContext) Deadline() (time.Time, bool) {
 }
 
 // timedOut says whether the context ended by its own deadline, and after
-// how long in all.
+// how long in all. A nil c (a step without a timeout) never times out.
 func (c *stretchContext) timedOut(period time.Duration) (bool, time.Duration) {
+	if c == nil {
+		return false, 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err == context.DeadlineExceeded, period * time.Duration(1+c.stretched)
 }
 
-// Stretched returns how many periods were added.
+// Stretched returns how many periods were added (none to a nil c).
 func (c *stretchContext) Stretched() int {
+	if c == nil {
+		return 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.stretched
