@@ -1,10 +1,13 @@
 package vmfork
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork/customize"
 )
 
 // TestPacer: at most as many children start at once as CPU pressure says
@@ -176,5 +179,27 @@ func TestGuestRuns(t *testing.T) {
 	}
 	if mg.guestRuns(&Machine{Name: "gone"})() {
 		t.Error("no process: runs")
+	}
+}
+
+// TestPaceSteps: the pacer hears each step that ran with its own timeout;
+// skipped and unrun steps tell nothing, and the trace hears every step.
+func TestPaceSteps(t *testing.T) {
+	chain := customize.NewChain(customize.AgentStep(), customize.NetworkStep(customize.NetworkSpec{}))
+	type heard struct{ took, timeout time.Duration }
+	var got []heard
+	var traced []string
+	done := paceSteps(chain, func(took, timeout time.Duration) { got = append(got, heard{took, timeout}) },
+		func(sr customize.StepResult) { traced = append(traced, sr.Name) })
+	done(customize.StepResult{Name: customize.StepAgent, Status: customize.StatusOK, DurationMS: 2500})
+	done(customize.StepResult{Name: customize.StepNetwork, Status: customize.StatusFailed, DurationMS: 31000})
+	done(customize.StepResult{Name: customize.StepNetwork, Status: customize.StatusSkipped})
+	done(customize.StepResult{Name: customize.StepHostname, Status: customize.StatusNotRun})
+	want := []heard{{2500 * time.Millisecond, customize.DefaultTimeout}, {31 * time.Second, 30 * time.Second}}
+	if !slices.Equal(got, want) || len(traced) != 4 {
+		t.Errorf("heard %v, traced %v; want %v and 4 steps traced", got, traced, want)
+	}
+	if paceSteps(chain, nil, nil) != nil {
+		t.Error("no pacer, no trace: a hook")
 	}
 }
