@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import shlex
 import unittest
 from unittest import mock
 
@@ -52,7 +53,8 @@ def fail_json(self, **kwargs):
 GLOBAL_FLAGS = ('--state-dir', '--mem-dir', '--connect', '--timeout')
 VALUE_FLAGS = ('--hostname', '--customize', '--identity', '--network', '--parallel', '--max-children',
                '--on-identity-failure', '--address', '--skip-step', '--disk-policy', '--kernel', '--initrd', '--append',
-               '--disk', '--memory', '--cpus', '--port', '--pool', '--count', '--prefix', '--contract', '--set')
+               '--disk', '--memory', '--cpus', '--port', '--pool', '--count', '--prefix', '--contract', '--set',
+               '--ssh', '--remote-vmfork', '--idle-timeout', '--as')
 
 
 class FakeVmfork:
@@ -70,6 +72,7 @@ class FakeVmfork:
         self.next_template = 1
         self.contract_files = []
         self.template_contracts = {}  # template id: contract, or None
+        self.remotes = {}  # host (no user): the FakeVmfork ssh reaches there
 
     # --- state helpers -------------------------------------------------
     def add_machine(self, name, state='running', parent=None, template=None, hostname=None, contract=None):
@@ -106,6 +109,8 @@ class FakeVmfork:
 
     # --- the CLI -------------------------------------------------------
     def run_command(self, module, cmd, data=None, binary_data=False, **kwargs):
+        if cmd[0] == 'ssh':
+            return self.ssh(cmd)
         argv = list(cmd[1:])
         while argv and (argv[0] in GLOBAL_FLAGS or argv[0] == '-q'):
             if argv[0] == '-q':
@@ -137,6 +142,57 @@ class FakeVmfork:
         rc, doc, err = handler(flags, pos, multi)
         out = json.dumps(doc) if doc is not None else ''
         return rc, out, ('vmfork: %s\n' % err) if err else ''
+
+    def ssh(self, cmd):
+        """ssh [OPTIONS] [USER@]HOST 'REMOTE_VMFORK ARGS': the FakeVmfork of
+        HOST in self.remotes runs ARGS; the call is recorded here as
+        ['ssh', HOST, REMOTE COMMAND]."""
+        host, remote = cmd[-2], cmd[-1]
+        self.calls.append(['ssh', host, remote])
+        other = self.remotes.get(host.split('@')[-1])
+        if other is None:
+            return 255, '', 'ssh: connect to host %s port 22: No route to host\n' % host
+        return other.run_command(None, ['vmfork'] + shlex.split(remote)[1:])
+
+    def transfer(self, src, name, dst, as_name):
+        """Copies kept template name of src to dst as as_name, keeping its id
+        (a template travels with its id); the transfer's JSON, or an error."""
+        t = src.kept(name)
+        if t is None:
+            return 4, None, 'template %r: not found' % name
+        if dst.kept(as_name) is not None:
+            return 2, None, 'template %s is kept as %r here: exists' % (dst.kept(as_name)['id'], as_name)
+        dst.templates.append(dict(t, name=as_name, children=0, pool_size=0, pooled=0))
+        dst.template_contracts[t['id']] = src.template_contracts.get(t['id'])
+        return 0, dict(op='', name=name, id=t['id'], bytes_out=3 << 20, bytes_in=4096, elapsed_ms=12.5,
+                       received=dict(name=as_name, id=t['id'], chunks=66, chunks_sent=3)), None
+
+    def remote(self, spec, need_name):
+        host, dummy, name = spec.partition(':')
+        other = self.remotes.get(host.split('@')[-1])
+        if other is None:
+            return None, None, 'ssh to %s: exit status 255: No route to host' % host
+        if need_name and not name:
+            return None, None, 'remote %r names no template: give HOST:NAME' % spec
+        return other, name, None
+
+    def cmd_template_push(self, flags, pos, multi):
+        other, name, err = self.remote(pos[1], False)
+        if err:
+            return 2, None, err
+        rc, doc, err = self.transfer(self, pos[0], other, name or pos[0])
+        if doc:
+            doc['op'] = 'push'
+        return rc, doc, err
+
+    def cmd_template_pull(self, flags, pos, multi):
+        other, name, err = self.remote(pos[0], True)
+        if err:
+            return 2, None, err
+        rc, doc, err = self.transfer(other, name, self, flags.get('--as') or name)
+        if doc:
+            doc['op'] = 'pull'
+        return rc, doc, err
 
     def load_contract(self, flag, path):
         """Reads a contract file as vmfork does: (contract, error)."""
