@@ -36,6 +36,9 @@ type rigHost struct {
 	ns   string
 	addr string // its address on the veth link
 	dir  string // its sshd's files
+	// sshEnv is more NAME=VALUE for its sshd's SetEnv (newHostRig's
+	// hostEnv), e.g. VMFORK_OVERCOMMIT to give the hosts unequal room.
+	sshEnv string
 }
 
 // hostRig is two hosts and what their sessions need.
@@ -50,8 +53,9 @@ type hostRig struct {
 // newHostRig makes two hosts, A (10.233.0.1) and B (10.233.0.2), and
 // removes them when the test ends, pass or fail: the namespaces are made
 // first, so their removal runs last, after the hosts' QEMUs and sshds are
-// gone (t.Cleanup runs last-in first-out).
-func newHostRig(t testing.TB) *hostRig {
+// gone (t.Cleanup runs last-in first-out). hostEnv[i], when given, is
+// more NAME=VALUE (space-separated) for host i's sessions.
+func newHostRig(t testing.TB, hostEnv ...string) *hostRig {
 	t.Helper()
 	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
 	id := hex.EncodeToString(sum[:3])
@@ -124,7 +128,10 @@ func newHostRig(t testing.TB) *hostRig {
 	if err := os.WriteFile(r.sshCF, []byte(cf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range r.hosts {
+	for i, h := range r.hosts {
+		if i < len(hostEnv) {
+			h.sshEnv = hostEnv[i]
+		}
 		h.env = newEnv(t)
 		h.env.runAs = []string{"ip", "netns", "exec", h.ns}
 		r.startSSHD(h)
@@ -150,8 +157,8 @@ StrictModes no
 PidFile none
 LogLevel ERROR
 Subsystem sftp /usr/lib/openssh/sftp-server
-SetEnv VMFORK_STATE_DIR=%s VMFORK_MEM_DIR=%s
-`, h.addr, filepath.Join(h.dir, "hostkey"), filepath.Join(r.dir, "authorized_keys"), h.stateDir, h.memDir)
+SetEnv VMFORK_STATE_DIR=%s VMFORK_MEM_DIR=%s %s
+`, h.addr, filepath.Join(h.dir, "hostkey"), filepath.Join(r.dir, "authorized_keys"), h.stateDir, h.memDir, h.sshEnv)
 	if err := os.WriteFile(conf, []byte(cf), 0o600); err != nil {
 		t.Fatal(err)
 	}
