@@ -46,7 +46,6 @@ var expectedSeconds = map[string]int{
 	"TestSecretFilesDebian":              130,
 	"TestCrashMatrix":                    150,
 	"TestAnsibleDebianModules":           130,
-	"TestAnsibleFleet":                   150, // estimate: two hosts, a push, 10 forks, two playbook runs
 	"TestLedgerForkRace":                 110,
 	"TestCrashMatrixLibvirt":             100,
 	"TestConformance/libvirt":            105, // with Start, a cold boot
