@@ -111,6 +111,9 @@ func (d *Driver) withContractFilter(ctx context.Context, m *vmfork.Machine, def 
 	if m.Contract == nil || m.Contract.Network == nil || def.Devices == nil {
 		return undo, nil
 	}
+	if err := checkSessionContract(d.uri, m); err != nil {
+		return undo, err
+	}
 	xml, err := d.filterXML(ctx, m, m.Contract)
 	if err != nil {
 		return undo, fmt.Errorf("machine %q: contract: %w", m.Name, err)

@@ -125,6 +125,8 @@ func Connect(uri string, log *logrus.Entry, opts Options) (*Driver, error) {
 	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("virConnectOpen: no answer from libvirt within %v", opts.CallTimeout)
+		} else if why := sessionStartProblem(uri); why != "" {
+			err = fmt.Errorf("%w (%s)", err, why)
 		}
 		return nil, fmt.Errorf("connect to libvirt at %s: %w", uri, err)
 	}
@@ -245,7 +247,7 @@ func (d *Driver) Start(ctx context.Context, m *vmfork.Machine) (err error) {
 	if err := vmfork.PrepareDisks(ctx, m); err != nil {
 		return err
 	}
-	def := BootXML(m, d.metadata(m, nil), BootOptions{User: user()})
+	def := BootXML(m, d.metadata(m, nil), BootOptions{User: user(d.uri)})
 	undoFilter, err := d.withContractFilter(ctx, m, def)
 	if err != nil {
 		return err

@@ -7,25 +7,26 @@ import (
 	"strings"
 )
 
-// qemuPID reads the QEMU pid of a running system domain from libvirt's pid
-// file. It returns 0 where there is none (a session or remote daemon): the
+// qemuPID reads the QEMU pid of a running local domain from libvirt's pid
+// file. It returns 0 where there is none (a remote daemon): the
 // pid is informational, libvirt is the authority on the domain's state.
 func qemuPID(uri, name string) int {
-	if !isLocalSystem(uri) {
-		return 0
+	switch {
+	case isLocalSystem(uri):
+		return readPID("/run/libvirt/qemu/" + name + ".pid")
+	case isLocalSession(uri):
+		return readPID(sessionPIDFile(name))
 	}
-	data, err := os.ReadFile("/run/libvirt/qemu/" + name + ".pid")
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	return pid
+	return 0
 }
 
 // qemuLog is libvirt's log of a system domain's QEMU (command line, stderr).
 func qemuLog(uri, name, fallback string) string {
-	if isLocalSystem(uri) {
+	switch {
+	case isLocalSystem(uri):
 		return "/var/log/libvirt/qemu/" + name + ".log"
+	case isLocalSession(uri):
+		return sessionLog(name)
 	}
 	return fallback
 }
@@ -34,8 +35,15 @@ func isLocalSystem(uri string) bool {
 	return uri == "qemu:///system" || strings.HasPrefix(uri, "qemu:///system?")
 }
 
-// user is the DAC label of the user running vmfork, "+UID:+GID".
-func user() string { return fmt.Sprintf("+%d:+%d", os.Geteuid(), os.Getegid()) }
+// user is the DAC label of the user running vmfork, "+UID:+GID", for a
+// domain of daemon uri; "" (no label) for a session daemon, which has no DAC
+// driver and runs QEMU as that user anyway.
+func user(uri string) string {
+	if isLocalSession(uri) {
+		return ""
+	}
+	return fmt.Sprintf("+%d:+%d", os.Geteuid(), os.Getegid())
+}
 
 // parseDACLabel parses "+UID:+GID" or "UID:GID" as libvirt writes a DAC label.
 func parseDACLabel(label string) (uid, gid int, ok bool) {

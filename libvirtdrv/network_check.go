@@ -39,6 +39,9 @@ func (d *Driver) CheckNetwork(ctx context.Context, m *vmfork.Machine) error {
 		if n.Kind == vmfork.NetworkNone {
 			return fmt.Errorf("machine %q: network none: a libvirt domain's NIC needs something behind it; use an isolated libvirt network (network=NAME) instead: %w", m.Name, vmfork.ErrInvalid)
 		}
+		if err := checkSessionNetwork(d.uri, m, n); err != nil {
+			return err
+		}
 		ifcs = []libvirtxml.DomainInterface{{Source: interfaceSource(n)}}
 	}
 	for _, ifc := range ifcs {

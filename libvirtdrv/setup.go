@@ -103,6 +103,14 @@ func Setup(ctx context.Context, opt SetupOptions) (*SetupResult, error) {
 	}
 	if hookChanged {
 		res.Changes = append(res.Changes, "installed start hook "+res.Hook+" running "+opt.Binary)
+	} else if st, err := os.Stat(opt.HookDir); err == nil && st.Mode().Perm()&0o005 != 0o005 {
+		// An earlier setup under umask 077 made it 0700.
+		if !opt.DryRun {
+			if err := openHookDir(opt.HookDir); err != nil {
+				return nil, fmt.Errorf("setup: %w", err)
+			}
+		}
+		res.Changes = append(res.Changes, fmt.Sprintf("gave %s mode %04o so that users' session daemons can read it (was %04o)", opt.HookDir, st.Mode().Perm()|0o055, st.Mode().Perm()))
 	}
 	confChanged, err := ensureTmpfsMemoryDir(opt.QEMUConf, opt.MemoryBackingDir, opt.DryRun)
 	if err != nil {
@@ -191,7 +199,29 @@ func installHook(path, script string, dryRun bool) (bool, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return false, fmt.Errorf("create hook dir: %w", err)
 	}
+	if err := openHookDir(filepath.Dir(path)); err != nil {
+		return false, err
+	}
 	return true, writeFileAtomic(path, []byte(script), 0o755)
+}
+
+// openHookDir makes the hook drop-in directory readable and searchable by
+// all, as libvirt's own hooks directory is: every user's session daemon
+// (qemu:///session) lists it at start and exits when it cannot ("cannot
+// open directory '/etc/libvirt/hooks/qemu.d': Permission denied"), which a
+// MkdirAll under umask 077 would cause.
+func openHookDir(dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if st.Mode().Perm()&0o055 == 0o055 {
+		return nil
+	}
+	if err := os.Chmod(dir, st.Mode().Perm()|0o055); err != nil {
+		return fmt.Errorf("open hook dir %s to session daemons: %w", dir, err)
+	}
+	return nil
 }
 
 // ensureTmpfsMemoryDir sets memory_backing_dir to dir unless libvirt's RAM
@@ -208,9 +238,18 @@ func ensureTmpfsMemoryDir(qemuConf, dir string, dryRun bool) (string, error) {
 	if !onTmpfs(dir) {
 		return "", fmt.Errorf("memory backing dir %s is not on a tmpfs", dir)
 	}
+	change := fmt.Sprintf("set memory_backing_dir = %q in %s (was %s, not a tmpfs)", dir, qemuConf, cur)
+	if dryRun {
+		return change, nil
+	}
+	return change, setMemoryBackingDir(qemuConf, dir)
+}
+
+// setMemoryBackingDir sets memory_backing_dir to dir in qemuConf.
+func setMemoryBackingDir(qemuConf, dir string) error {
 	data, err := os.ReadFile(qemuConf)
 	if err != nil {
-		return "", fmt.Errorf("read %s: %w", qemuConf, err)
+		return fmt.Errorf("read %s: %w", qemuConf, err)
 	}
 	// Earlier settings are commented out, not deleted, so the change is easy
 	// to see and undo.
@@ -225,15 +264,11 @@ func ensureTmpfsMemoryDir(qemuConf, dir string, dryRun bool) (string, error) {
 		out += "\n"
 	}
 	out += fmt.Sprintf("# Set by \"vmfork libvirt setup\": guest RAM files on tmpfs.\nmemory_backing_dir = %q\n", dir)
-	change := fmt.Sprintf("set memory_backing_dir = %q in %s (was %s, not a tmpfs)", dir, qemuConf, cur)
-	if dryRun {
-		return change, nil
-	}
 	st, err := os.Stat(qemuConf)
 	if err != nil {
-		return "", err
+		return err
 	}
-	return change, writeFileAtomic(qemuConf, []byte(out), st.Mode().Perm())
+	return writeFileAtomic(qemuConf, []byte(out), st.Mode().Perm())
 }
 
 // onTmpfs reports whether path, or its nearest existing ancestor, is on a tmpfs.

@@ -43,7 +43,16 @@ what it changed (nothing, when run again):
     directory is on disk, and then restarts libvirtd (running domains keep
     running); otherwise sends libvirtd SIGHUP when the hook is new.
 
-The hook runs this vmfork binary: run setup again after moving it.`,
+The hook runs this vmfork binary: run setup again after moving it.
+
+With --connect qemu:///session (libvirt's daemon of an ordinary user, run
+as that user) setup installs no hook (children map their template in
+place) and leaves /dev/kvm alone (QEMU runs as the user: group kvm is the
+user's business). It only sets memory_backing_dir in the user's
+~/.config/libvirt/qemu.conf to /dev/shm/vmfork-UID-libvirt, a tmpfs beside
+vmfork's mem dir (the default, ~/.config/libvirt/qemu/ram, is on disk, where
+a fork child cannot be forked again). --hook-dir and --qemu-conf are for
+qemu:///system.`,
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "hook-dir", Usage: "libvirt's qemu hook drop-in directory", Value: libvirtdrv.DefaultHookDir},
 		&cli.StringFlag{Name: "qemu-conf", Usage: "libvirt's qemu.conf", Value: libvirtdrv.DefaultQEMUConf},
@@ -57,16 +66,25 @@ The hook runs this vmfork binary: run setup again after moving it.`,
 		}
 		ctx, cancel := appContext(cliCtx)
 		defer cancel()
-		res, err := libvirtdrv.Setup(ctx, libvirtdrv.SetupOptions{
-			HookDir:          cliCtx.String("hook-dir"),
-			QEMUConf:         cliCtx.String("qemu-conf"),
-			MemoryBackingDir: cliCtx.String("memory-backing-dir"),
-			DryRun:           cliCtx.Bool("dry-run"),
-		})
+		session := libvirtdrv.IsLocalSession(cliCtx.String("connect"))
+		var res *libvirtdrv.SetupResult
+		var err error
+		if session {
+			if res, err = sessionSetup(cliCtx); err != nil {
+				return err
+			}
+		} else {
+			res, err = libvirtdrv.Setup(ctx, libvirtdrv.SetupOptions{
+				HookDir:          cliCtx.String("hook-dir"),
+				QEMUConf:         cliCtx.String("qemu-conf"),
+				MemoryBackingDir: cliCtx.String("memory-backing-dir"),
+				DryRun:           cliCtx.Bool("dry-run"),
+			})
+		}
 		if res == nil {
 			return err
 		}
-		if err == nil && !res.DryRun {
+		if err == nil && !res.DryRun && !session {
 			// Only a running libvirtd can tell whether it still re-probes.
 			if drv, derr := openLibvirt(cliCtx.String("connect"), "libvirt setup"); derr == nil {
 				if r, ok := drv.(reprober); ok {
@@ -101,6 +119,20 @@ The hook runs this vmfork binary: run setup again after moving it.`,
 		}
 		return err
 	},
+}
+
+// sessionSetup is libvirt setup for the user's session daemon; the system
+// daemon's flags are refused rather than ignored.
+func sessionSetup(cliCtx *cli.Context) (*libvirtdrv.SetupResult, error) {
+	for _, f := range []string{"hook-dir", "qemu-conf", "memory-backing-dir"} {
+		if cliCtx.IsSet(f) {
+			return nil, usageError{fmt.Errorf("libvirt setup --%s is for qemu:///system: with %s setup writes %s only", f, cliCtx.String("connect"), libvirtdrv.SessionQEMUConf())}
+		}
+	}
+	if os.Geteuid() == 0 {
+		return nil, usageError{fmt.Errorf("libvirt setup for %s as root: root's session daemon is not what users get; run it as the user, or use qemu:///system", cliCtx.String("connect"))}
+	}
+	return libvirtdrv.SessionSetup(libvirtdrv.SessionQEMUConf(), libvirtdrv.SessionMemoryBackingDir(), cliCtx.Bool("dry-run"))
 }
 
 // domainChecker is the libvirt driver's check of any domain's XML.
