@@ -123,6 +123,9 @@ func TestBadInputTable(t *testing.T) {
 		{"start bad name", []string{"start", "Bad_Name"}, 2, `"Bad_Name" is not valid`},
 		{"libvirt check two domains", []string{"libvirt", "check", "a", "b"}, 2, "at most one domain name"},
 		{"libvirt setup argument", []string{"libvirt", "setup", "x"}, 2, "takes no arguments"},
+		// Root's session daemon is no user's: refused before qemu.conf is written.
+		{"libvirt setup session as root", []string{"--connect", "qemu:///session", "libvirt", "setup"}, 2, "as root"},
+		{"libvirt setup session system flag", []string{"--connect", "qemu:///session", "libvirt", "setup", "--qemu-conf", "/x"}, 2, "--qemu-conf is for qemu:///system"},
 		{"qemu binary missing", boot("q", "--qemu", noQEMU), 2, noQEMU + `" (--qemu or VMFORK_QEMU) does not exist`},
 		{"qemu binary not executable", boot("q", "--qemu", textDisk), 2, "is not an executable file"},
 		{"qemu binary a directory", boot("q", "--qemu", dir), 2, "is a directory"},

@@ -76,7 +76,7 @@ func (u *unprivUser) remove(t *testing.T) {
 		// What a vmfork of the user's made with its defaults outside
 		// its home (OpenStore makes the default mem dir even for `ls`).
 		mem := "/dev/shm/vmfork-" + strconv.Itoa(u.uid)
-		for _, d := range []string{mem, mem + "-ledger"} {
+		for _, d := range []string{mem, mem + "-ledger", mem + "-libvirt"} {
 			os.RemoveAll(d)
 		}
 	}

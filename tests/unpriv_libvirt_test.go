@@ -1,0 +1,174 @@
+//go:build integration
+
+package tests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestLibvirtSession is the libvirt driver with qemu:///session, as an
+// ordinary user without the kvm group: the client starts the user's own
+// libvirtd --session (Debian 12 ships no virtqemud), which runs QEMU as the
+// user. `vmfork libvirt setup` puts the session's guest RAM on a tmpfs; the
+// user boots a busybox guest, forks a child that runs on the parent's
+// memory (its QEMU maps the template privately), forks the child, is
+// refused a libvirt network in one line, and removes everything. A second
+// user's session daemon sees none of the first user's domains. Each daemon
+// the test caused is stopped by the PID in its pid file, and its dirs go
+// with the user's home, on every path.
+func TestLibvirtSession(t *testing.T) {
+	parallel(t)
+	const uri = "qemu:///session"
+	u, other := newUnprivUser(t), newUnprivUser(t)
+	runU, runO := sessionRuntimeDir(t, u), sessionRuntimeDir(t, other)
+	g := testGuest(t)
+	bin := filepath.Join(u.home, "vmfork")
+	u.copyFor(t, os.Getenv("VMFORK_BIN"), bin, 0o755)
+	for _, p := range []*string{&g.Kernel, &g.Initrd, &g.Disk} {
+		dst := filepath.Join(u.home, filepath.Base(*p))
+		u.copyFor(t, *p, dst, 0o600)
+		*p = dst
+	}
+	e := newEnvGuest(t, g) // its cleanup kills the domains' QEMUs by PID first
+	os.RemoveAll(e.memDir)
+	e.bin = bin
+	e.stateDir = filepath.Join(u.home, ".local", "state", "vmfork")
+	e.memDir = "/dev/shm/vmfork-" + strconv.Itoa(u.uid)
+	e.runAs = slices.Concat(u.as(), []string{"env", "XDG_RUNTIME_DIR=" + runU})
+	lv := func(args ...string) result { return e.vmfork(append([]string{"--connect", uri}, args...)...) }
+	lvOK := func(args ...string) result {
+		t.Helper()
+		r := lv(args...)
+		if r.code != 0 {
+			t.Fatalf("vmfork --connect %s %s: %s", uri, strings.Join(args, " "), r)
+		}
+		return r
+	}
+
+	// Before any daemon runs, so that it starts with the tmpfs.
+	lvOK("libvirt", "setup")
+	boot := []string{"boot", "src", "--kernel", g.Kernel, "--initrd", g.Initrd, "--disk", g.Disk, "--memory", "256M"}
+	oneLineRefusal(t, lv(append(slices.Clone(boot), "--network", "network=default")...), "needs qemu:///system")
+	started := time.Now()
+	lvOK(boot...)
+	t.Logf("boot under %s: %.1f s", uri, time.Since(started).Seconds())
+	if ms := e.list(); len(ms) != 1 || ms[0].PID <= 0 {
+		t.Fatalf("after boot: %+v, want src with its QEMU's pid", ms)
+	}
+	e.ok("exec", "src", "--", "sh", "-c", "echo from-parent > /tmp/mark")
+
+	var res forkJSON
+	e.jsonOK(&res, "--connect", uri, "fork", "src", "kid")
+	if len(res.Children) != 1 || res.Children[0].State != "running" || len(res.Failed) != 0 {
+		t.Fatalf("fork under %s = %+v, want one running child", uri, res)
+	}
+	t.Logf("fork under %s as uid %d: pause %.1f ms, child ready in %.0f ms", uri, u.uid, res.PauseMS, res.Children[0].ReadyMS)
+	// The child runs on the parent's memory: /tmp is RAM, and its QEMU
+	// maps the template's RAM file, which no copy made.
+	if got := strings.TrimSpace(e.exec("kid", "cat", "/tmp/mark")); got != "from-parent" {
+		t.Errorf("the child reads %q from the parent's RAM, want from-parent", got)
+	}
+	kid := machineNamed(t, e, "kid")
+	if kid.PID <= 0 || !mapsFileIn(kid.PID, e.memDir) {
+		t.Errorf("the child's QEMU (pid %d) maps no RAM file in %s", kid.PID, e.memDir)
+	}
+	// A fork of the child needs its RAM file on the templates' file
+	// system: what setup's memory_backing_dir is for.
+	var res2 forkJSON
+	e.jsonOK(&res2, "--connect", uri, "fork", "kid", "grandkid")
+	if len(res2.Children) != 1 || res2.Children[0].State != "running" {
+		t.Fatalf("fork of the child under %s = %+v", uri, res2)
+	}
+	t.Logf("fork of the child: pause %.1f ms, ready in %.0f ms", res2.PauseMS, res2.Children[0].ReadyMS)
+
+	// Two users' session daemons are two daemons: the other user's sees
+	// none of u's domains.
+	if out := sessionVirsh(t, other, runO, "list", "--all", "--name"); strings.TrimSpace(out) != "" {
+		t.Errorf("the other user's session lists %q, want none of %s's domains", out, u.name)
+	}
+	if out := sessionVirsh(t, u, runU, "list", "--name"); !strings.Contains(out, "grandkid") {
+		t.Errorf("%s's session lists %q, want its own domains", u.name, out)
+	}
+
+	lvOK("rm", "--force", "grandkid", "kid", "src")
+	if out := sessionVirsh(t, u, runU, "list", "--all", "--name"); strings.TrimSpace(out) != "" {
+		t.Errorf("after rm %s's session still lists %q", u.name, out)
+	}
+	if ms := e.list(); len(ms) != 0 {
+		t.Errorf("after rm: %+v", ms)
+	}
+}
+
+// sessionRuntimeDir makes u an XDG_RUNTIME_DIR (no systemd user session
+// makes one here), and stops the session daemons a client started there by
+// the PIDs in their pid files when the test ends.
+func sessionRuntimeDir(t *testing.T, u *unprivUser) string {
+	t.Helper()
+	dir := filepath.Join(u.home, "run")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, u.uid, u.gid); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, name := range []string{"libvirtd.pid", "virtlogd.pid"} {
+			data, err := os.ReadFile(filepath.Join(dir, "libvirt", name))
+			if err != nil {
+				continue
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+			var st syscall.Stat_t
+			// The pid file may be stale: only a process of u's.
+			if err != nil || pid <= 0 || syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st) != nil || int(st.Uid) != u.uid {
+				continue
+			}
+			syscall.Kill(pid, syscall.SIGTERM)
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil; {
+				time.Sleep(50 * time.Millisecond)
+			}
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		os.RemoveAll(dir)
+		os.RemoveAll(fmt.Sprintf("/dev/shm/vmfork-%d-libvirt", u.uid))
+	})
+	return dir
+}
+
+// sessionVirsh runs virsh against u's session daemon.
+func sessionVirsh(t *testing.T, u *unprivUser, runDir string, args ...string) string {
+	t.Helper()
+	argv := slices.Concat(u.as(), []string{"env", "XDG_RUNTIME_DIR=" + runDir, "virsh", "-c", "qemu:///session"}, args)
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("virsh %s as %s: %v: %s", strings.Join(args, " "), u.name, err, out)
+	}
+	return string(out)
+}
+
+// machineNamed is name's row of `vmfork ls`.
+func machineNamed(t *testing.T, e *env, name string) machineJSON {
+	t.Helper()
+	for _, m := range e.list() {
+		if m.Name == name {
+			return m
+		}
+	}
+	t.Fatalf("no machine %q in ls", name)
+	return machineJSON{}
+}
+
+// mapsFileIn reports whether process pid maps a file in dir.
+func mapsFileIn(pid int, dir string) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	return err == nil && strings.Contains(string(data), " "+filepath.Clean(dir)+"/")
+}
