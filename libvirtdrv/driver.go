@@ -339,7 +339,7 @@ func (d *Driver) machineType(ctx context.Context, accel string) (string, error) 
 func (d *Driver) metadata(m *vmfork.Machine, t *vmfork.Template) Metadata {
 	md := Metadata{Machine: m.Name, MachineDir: m.Paths.Dir, Parent: m.Parent, Template: m.Template}
 	if t != nil {
-		md.TemplateRAM, md.URI = t.Paths.RAM, d.uri
+		md.TemplateRAM, md.URI = t.Paths.RAM, reapURI(d.uri)
 	}
 	return md
 }

@@ -71,6 +71,18 @@ func sessionLog(name string) string {
 	return filepath.Join(sessionCacheDir(), "libvirt", "qemu", "log", name+".log")
 }
 
+// reapURI is the URI the release hook's reaper connects to. libvirt runs
+// hooks with HOME and PATH but without XDG_RUNTIME_DIR, so a reaper given
+// plain qemu:///session would start a second session daemon of the user's
+// (its sockets under ~/.cache), which knows none of the domains and
+// outlives the test by two minutes: it is given the running daemon's socket.
+func reapURI(uri string) string {
+	if uri != "qemu:///session" {
+		return uri
+	}
+	return uri + "?socket=" + filepath.Join(sessionRunDir(), "libvirt-sock")
+}
+
 // readPID reads a pid file; 0 when there is none.
 func readPID(path string) int {
 	data, err := os.ReadFile(path)

@@ -116,3 +116,17 @@ func TestOpenHookDir(t *testing.T) {
 		t.Errorf("hook dir mode %04o, want 0755", st.Mode().Perm())
 	}
 }
+
+// The release hook's reaper reaches the user's running session daemon, not
+// one it would start without XDG_RUNTIME_DIR.
+func TestReapURI(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	if got := reapURI("qemu:///session"); got != "qemu:///session?socket=/run/user/1000/libvirt/libvirt-sock" || !isLocalSession(got) {
+		t.Errorf("reapURI(session) = %q", got)
+	}
+	for _, u := range []string{"qemu:///system", "qemu:///session?socket=/x"} {
+		if got := reapURI(u); got != u {
+			t.Errorf("reapURI(%q) = %q, want it unchanged", u, got)
+		}
+	}
+}

@@ -106,6 +106,27 @@ func TestLibvirtSession(t *testing.T) {
 	if ms := e.list(); len(ms) != 0 {
 		t.Errorf("after rm: %+v", ms)
 	}
+	// The release hook's reapers (libvirt runs hooks without
+	// XDG_RUNTIME_DIR) reach this daemon: none started a second one.
+	time.Sleep(time.Second)
+	if extra := strayDaemons(u, runU); len(extra) > 0 {
+		t.Errorf("session daemons of %s besides the one in %s: %v", u.name, runU, extra)
+	}
+}
+
+// strayDaemons lists u's libvirtd processes other than the one whose pid
+// file is in runDir.
+func strayDaemons(u *unprivUser, runDir string) []string {
+	data, _ := os.ReadFile(filepath.Join(runDir, "libvirt", "libvirtd.pid"))
+	own := strings.TrimSpace(string(data))
+	var out []string
+	for _, pid := range u.processes() {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.HasPrefix(filepath.Base(string(cmd)), "libvirtd") && strconv.Itoa(pid) != own {
+			out = append(out, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(string(cmd), "\x00", " ")))
+		}
+	}
+	return out
 }
 
 // sessionRuntimeDir makes u an XDG_RUNTIME_DIR (no systemd user session
