@@ -135,6 +135,15 @@
 // definition). A fork taints the domain in libvirt's eyes (custom monitor
 // commands, as for every domain vmfork forks); nothing else changes.
 //
+// # An ordinary user's daemon: qemu:///session
+//
+// With qemu:///session the domains are the user's own session daemon's,
+// QEMU runs as the user, and everything above works the same but for what
+// session.go lists: no DAC <seclabel> (the session daemon has none), its own
+// pid files and logs, libvirt networks and a contract's nwfilter refused
+// (the system daemon's), and a setup that only points the user's
+// memory_backing_dir at a tmpfs.
+//
 // # What the host needs
 //
 // `vmfork libvirt setup` installs the hook and, when libvirt's
