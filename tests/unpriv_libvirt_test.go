@@ -56,6 +56,9 @@ func TestLibvirtSession(t *testing.T) {
 
 	// Before any daemon runs, so that it starts with the tmpfs.
 	lvOK("libvirt", "setup")
+	if r := lvOK("libvirt", "check"); !strings.Contains(r.stdout, "host: libvirt can run") {
+		t.Errorf("libvirt check on %s after setup: %s", uri, r)
+	}
 	boot := []string{"boot", "src", "--kernel", g.Kernel, "--initrd", g.Initrd, "--disk", g.Disk, "--memory", "256M"}
 	oneLineRefusal(t, lv(append(slices.Clone(boot), "--network", "network=default")...), "needs qemu:///system")
 	started := time.Now()

@@ -21,7 +21,13 @@ type reprober interface {
 // (then only the files are checked).
 func libvirtHostProblems(ctx context.Context, drv vmfork.Driver) []string {
 	problems := []string{}
-	if p, err := libvirtdrv.KVMProblem(libvirtdrv.KVMDevice, libvirtdrv.DefaultQEMUConf); err != nil {
+	if s, ok := drv.(interface{ SessionProblem() (string, bool) }); ok && isSession(s) {
+		// QEMU runs as the user there: libvirt-qemu's access to /dev/kvm
+		// is not the question, the session's RAM directory is.
+		if p, _ := s.SessionProblem(); p != "" {
+			problems = append(problems, p)
+		}
+	} else if p, err := libvirtdrv.KVMProblem(libvirtdrv.KVMDevice, libvirtdrv.DefaultQEMUConf); err != nil {
 		problems = append(problems, err.Error())
 	} else if p != "" {
 		problems = append(problems, p)
@@ -53,4 +59,10 @@ func closeDriver(drv vmfork.Driver) {
 	if c, ok := drv.(interface{ Close() error }); ok {
 		c.Close()
 	}
+}
+
+// isSession reports whether the driver talks to a user's session daemon.
+func isSession(s interface{ SessionProblem() (string, bool) }) bool {
+	_, session := s.SessionProblem()
+	return session
 }
