@@ -77,7 +77,7 @@ func TestLibvirtSession(t *testing.T) {
 	if ms := list(); len(ms) != 1 || ms[0].PID <= 0 {
 		t.Fatalf("after boot: %+v, want src with its QEMU's pid", ms)
 	}
-	e.ok("exec", "src", "--", "sh", "-c", "echo from-parent > /tmp/mark")
+	lvOK("exec", "src", "--", "sh", "-c", "echo from-parent > /tmp/mark")
 
 	var res forkJSON
 	e.jsonOK(&res, "--connect", uri, "fork", "src", "kid")
@@ -87,7 +87,7 @@ func TestLibvirtSession(t *testing.T) {
 	t.Logf("fork under %s as uid %d: pause %.1f ms, child ready in %.0f ms", uri, u.uid, res.PauseMS, res.Children[0].ReadyMS)
 	// The child runs on the parent's memory: /tmp is RAM, and its QEMU
 	// maps the template's RAM file, which no copy made.
-	if got := strings.TrimSpace(e.exec("kid", "cat", "/tmp/mark")); got != "from-parent" {
+	if got := strings.TrimSpace(lvOK("exec", "kid", "--", "cat", "/tmp/mark").stdout); got != "from-parent" {
 		t.Errorf("the child reads %q from the parent's RAM, want from-parent", got)
 	}
 	kid := machineNamed(t, list(), "kid")
