@@ -40,6 +40,10 @@ func TestLibvirtSession(t *testing.T) {
 		*p = dst
 	}
 	e := newEnvGuest(t, g) // its cleanup kills the domains' QEMUs by PID first
+	// Root's setup, as every libvirt test's (with the vmfork under test):
+	// it keeps the system's hook directory readable, which each session
+	// daemon lists at start, and its hook runs for session domains too.
+	libvirtSetup(t, e)
 	os.RemoveAll(e.memDir)
 	e.bin = bin
 	e.stateDir = filepath.Join(u.home, ".local", "state", "vmfork")
