@@ -48,7 +48,20 @@ func TestLibvirtSession(t *testing.T) {
 	e.bin = bin
 	e.stateDir = filepath.Join(u.home, ".local", "state", "vmfork")
 	e.memDir = "/dev/shm/vmfork-" + strconv.Itoa(u.uid)
-	e.runAs = slices.Concat(u.as(), []string{"env", "XDG_RUNTIME_DIR=" + runU})
+	// The session daemon makes each domain's agent socket under
+	// $XDG_CONFIG_HOME/libvirt/qemu/channel/target/domain-ID-NAME/, and
+	// refuses a path over the 107 bytes of a unix socket's name: the
+	// test's home (/tmp/vmfork-unpriv-home-NNNNNNNNNN) is too long for
+	// "grandkid" under ~/.config, a real /home/USER is not.
+	cfg, err := os.MkdirTemp("", "lv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(cfg) })
+	if err := os.Chown(cfg, u.uid, u.gid); err != nil {
+		t.Fatal(err)
+	}
+	e.runAs = slices.Concat(u.as(), []string{"env", "XDG_RUNTIME_DIR=" + runU, "XDG_CONFIG_HOME=" + cfg})
 	lv := func(args ...string) result { return e.vmfork(append([]string{"--connect", uri}, args...)...) }
 	lvOK := func(args ...string) result {
 		t.Helper()
