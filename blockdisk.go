@@ -25,6 +25,17 @@ import (
 // why network disks are refused (docs/ARCHITECTURE.md).
 const BlockDisksDoc = `docs/ARCHITECTURE.md "Block-device disks"`
 
+// Fault points of disk commit (fault.go, the crash matrix).
+const (
+	// FaultDiskCommitted: qemu-img commit has written a block disk's
+	// overlays onto its device; the machine's record still names the top
+	// overlay.
+	FaultDiskCommitted = "disk.committed"
+	// FaultDiskRecorded: the record names the device again; the
+	// committed top overlay is not removed yet.
+	FaultDiskRecorded = "disk.recorded"
+)
+
 // networkDiskPrefixes are QEMU's network block protocols as a file name
 // gives them (rbd:pool/image, iscsi://..., nbd:host:port, ...).
 var networkDiskPrefixes = []string{"rbd:", "iscsi:", "nbd:", "nbd+", "gluster:", "gluster+", "sheepdog:", "ssh:", "http:", "https:", "ftp:", "ftps:", "nfs:", "vxhs:"}
@@ -371,6 +382,7 @@ func (mg *Manager) commitOne(ctx context.Context, m *Machine, d DiskSpec) (DiskC
 		return c, fmt.Errorf("disk %q: %w", d.ID, err)
 	}
 	c.MS = time.Since(start).Milliseconds()
+	Fault(FaultDiskCommitted, 0)
 	f, err := blockDiskFile(d)
 	if err != nil {
 		return c, err
@@ -381,6 +393,7 @@ func (mg *Manager) commitOne(ctx context.Context, m *Machine, d DiskSpec) (DiskC
 	if err := mg.Store.SaveMachine(m); err != nil {
 		return c, err
 	}
+	Fault(FaultDiskRecorded, 0)
 	if err := os.Remove(cur.File); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		mg.Log.WithField("machine", m.Name).WithError(err).Warn("could not remove the committed overlay")
 	}

@@ -53,7 +53,8 @@ var FaultPoints = []string{
 	FaultForkRunning, FaultForkIdentity, FaultSaveReserved, FaultSaveFrozen,
 	FaultPoolFilled, FaultPoolTaken, FaultRmStopped, FaultRmRemoving,
 	FaultHibernateFrozen, FaultHibernateCommitted, FaultResumeRunning, // hibernate.go
-	FaultRewindRunning,  // checkpoint.go
-	FaultStartRunning,   // start.go
-	FaultDiskOnlyFrozen, // diskonly.go
+	FaultRewindRunning,                    // checkpoint.go
+	FaultStartRunning,                     // start.go
+	FaultDiskOnlyFrozen,                   // diskonly.go
+	FaultDiskCommitted, FaultDiskRecorded, // blockdisk.go
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -19,6 +20,15 @@ import (
 // so it runs after the env has killed its QEMUs (t.Cleanup is last in,
 // first out), on every path.
 func testLoopDevice(t *testing.T, size int64) string {
+	t.Helper()
+	dev, _ := loopDevice(t, size)
+	return dev
+}
+
+// loopDevice makes a loop device as testLoopDevice does and also returns
+// its removal, for a caller done with it before the test ends (a crash
+// matrix row); the removal runs once, whichever of the two comes first.
+func loopDevice(t *testing.T, size int64) (string, func()) {
 	t.Helper()
 	f := filepath.Join(t.TempDir(), "volume.img")
 	if err := os.WriteFile(f, nil, 0o600); err != nil {
@@ -32,12 +42,17 @@ func testLoopDevice(t *testing.T, size int64) string {
 		t.Fatalf("losetup cannot make a loop device (root and the loop module are needed; modprobe loop): %v: %s", err, out)
 	}
 	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
-	return dev
+	var once sync.Once
+	remove := func() {
+		once.Do(func() {
+			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+				t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+			}
+			os.Remove(f)
+		})
+	}
+	t.Cleanup(remove)
+	return dev, remove
 }
 
 // deviceSum is the sha256 of the whole device, read on the host.

@@ -59,6 +59,16 @@ type crashCase struct {
 	// victim: the command's source is a machine booted for this run alone
 	// (its QEMU is killed), not the shared source.
 	victim bool
+	// victimBoot, when set, gives the victim's boot its extra flags (a
+	// block disk: crash_blockdisk_test.go).
+	victimBoot func(r *rig) []string
+	// done, when set, runs once the case's runs are over (it removes what
+	// the case made for all of them, such as a loop device).
+	done func()
+	// matrixOnly: make crash-matrix runs the case, make test's slice does
+	// not (a case whose every run boots a victim for a path the slice's
+	// cheaper cases cover in part).
+	matrixOnly bool
 }
 
 // self reports whether the fault kills vmfork itself (the default action).
@@ -142,6 +152,7 @@ func TestCrashMatrix(t *testing.T) {
 		{name: "start-running", fault: vmfork.FaultStartRunning, prep: r.startChild, after: childStillStopped},
 		{name: "start-spawned", fault: vmfork.FaultQEMUSpawned, prep: r.startChild, after: childStillStopped},
 	}
+	cases = append(cases, blockDiskCases()...) // crash_blockdisk_test.go
 	// VMFORK_CRASH_CASES (a regexp on case names) runs some cases only.
 	// make test runs the CI slice: the first case of each fault (a point,
 	// with vmfork or a QEMU killed there); make crash-matrix (more runs)
@@ -158,6 +169,10 @@ func TestCrashMatrix(t *testing.T) {
 			t.Logf("case %s: not in make test's slice (%s ran at %s); make crash-matrix runs it", c.name, first, c.fault)
 			continue
 		}
+		if c.matrixOnly && slice {
+			t.Logf("case %s: not in make test's slice; make crash-matrix runs it", c.name)
+			continue
+		}
 		ran[c.fault] = c.name
 		start := time.Now()
 		for i := 1; i <= runs; i++ {
@@ -165,6 +180,9 @@ func TestCrashMatrix(t *testing.T) {
 			if t.Failed() {
 				t.Fatalf("case %s run %d failed; stopping the matrix", c.name, i)
 			}
+		}
+		if c.done != nil {
+			c.done()
 		}
 		// The source forks as before once the case's debris is repaired.
 		r.forkOK()
@@ -190,7 +208,11 @@ func (r *rig) run(c crashCase, i int) {
 	src := "src"
 	if c.victim {
 		src = "victim"
-		r.boot("victim")
+		var extra []string
+		if c.victimBoot != nil {
+			extra = c.victimBoot(r)
+		}
+		r.boot("victim", extra...)
 	}
 	args := c.prep(r, i)
 	sums := r.templateSums()

@@ -1,0 +1,100 @@
+//go:build integration
+
+package tests
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBlockDiskVerbs: the verbs besides a live fork carry a data disk on
+// a block device (a loop device the test makes and removes), each checked
+// by what the guest reads: hibernate and resume of a machine that still
+// writes in place (the hibernation freezes the device), a disk-only fork,
+// a checkpoint and a rewind to it, and a template saved, exported and
+// imported; the device is never written after that first freeze, and the
+// commit at the end puts the source's last write on it.
+func TestBlockDiskVerbs(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
+	dev := testLoopDevice(t, 8<<20)
+	e := newEnv(t)
+	e.boot("src", "--disk", "id=data,file="+dev)
+	const data = "/dev/vdb"
+	write := func(m, s string) {
+		t.Helper()
+		e.exec(m, "sh", "-c", "dd if=/dev/zero of="+data+" bs=16 count=1 conv=notrunc 2>/dev/null && printf "+s+" | dd of="+data+" conv=notrunc 2>/dev/null && sync")
+	}
+	read := func(m string) string {
+		t.Helper()
+		out := e.exec(m, "sh", "-c", "sync; echo 3 >/proc/sys/vm/drop_caches; dd if="+data+" bs=16 count=1 2>/dev/null | tr -d '\\000'")
+		return strings.TrimSpace(out)
+	}
+	expect := func(step, m, want string) {
+		t.Helper()
+		if got := read(m); got != want {
+			t.Errorf("%s: %s's data disk reads %q, want %q", step, m, got, want)
+		}
+	}
+	var frozen string
+	unchanged := func(step string) {
+		t.Helper()
+		if got := deviceSum(t, dev); got != frozen {
+			t.Errorf("%s: the device changed after the freeze (sha256 %s, frozen %s)", step, got, frozen)
+		}
+	}
+
+	// Hibernate while the disk is written in place: the device is frozen
+	// there, and the resumed machine writes to an overlay on it.
+	write("src", "INPLACE")
+	if got := deviceHead(t, dev, 16); got != "INPLACE" {
+		t.Fatalf("before the hibernation the device reads %q, want INPLACE written in place", got)
+	}
+	e.ok("hibernate", "src")
+	frozen = deviceSum(t, dev)
+	e.ok("resume", "src")
+	expect("after hibernate and resume", "src", "INPLACE")
+	write("src", "HIB")
+	unchanged("after the resumed machine's write")
+
+	// A disk-only fork: the child boots from the view frozen with the
+	// guest's filesystems, its disk an overlay on the source's.
+	e.ok("fork", "src", "d1", "--disk-only")
+	write("src", "DONLY")
+	expect("disk-only child", "d1", "HIB")
+	write("d1", "D1")
+	expect("after the disk-only child wrote", "src", "DONLY")
+	e.ok("rm", "-f", "d1")
+	unchanged("after the disk-only fork")
+
+	// A checkpoint and a rewind to it take the data disk back.
+	e.ok("checkpoint", "src", "--as", "cp")
+	write("src", "LATER")
+	e.ok("rewind", "src", "--to", "cp")
+	expect("after the rewind", "src", "DONLY")
+	unchanged("after the rewind")
+
+	// A template saved, exported and imported: the archive holds the
+	// disk's whole chain, the device's part too, flattened.
+	e.ok("template", "save", "src", "k")
+	file := filepath.Join(t.TempDir(), "k.vmfork")
+	e.ok("template", "export", "k", file)
+	e.ok("template", "rm", "k")
+	e.ok("template", "import", file, "--as", "k2")
+	e.ok("fork", "k2", "i1")
+	expect("child of the imported template", "i1", "DONLY")
+	e.ok("rm", "-f", "i1")
+	e.ok("template", "rm", "k2")
+	unchanged("after the export and import")
+
+	// Once nothing reads the device, the commit puts the source's last
+	// write on it.
+	write("src", "LAST")
+	e.ok("template", "rm", "cp")
+	e.ok("stop", "src")
+	e.ok("disk", "commit", "src")
+	if got := deviceHead(t, dev, 16); got != "LAST" {
+		t.Errorf("after the commit the device reads %q, want the source's LAST", got)
+	}
+	e.ok("rm", "-f", "src")
+}
