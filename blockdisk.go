@@ -87,11 +87,13 @@ func checkBootDiskNotBlock(path string) error {
 }
 
 // checkBlockDisksFree refuses a boot whose block disk another machine of
-// the store has (written in place, or the base of its overlays), or that
-// the spec gives twice: a device is one machine's, and its family's once
+// the store has (written in place, or the base of its overlays), that a
+// template kept after its source went holds frozen, or that the spec
+// gives twice: a device is one machine's, and its family's once
 // it forks. Read-only shared views of a device no one writes may be many.
 func (mg *Manager) checkBlockDisksFree(s Spec) error {
 	var ms []*Machine
+	var ts []*Template
 	seen := map[string]string{}
 	for _, d := range s.Disks {
 		if !overlay.IsBlockDevice(d.File) {
@@ -114,6 +116,29 @@ func (mg *Manager) checkBlockDisksFree(s Spec) error {
 					continue
 				}
 				return fmt.Errorf("disk %q: block device %s is machine %q's disk %q already (written in place, or the base of its overlays): %w", d.ID, dev, m.Name, o.ID, ErrInvalid)
+			}
+		}
+		if d.Policy() == DiskShared {
+			continue // a read-only view changes nothing under a template
+		}
+		// A template kept after its source went still has the device as
+		// its frozen base: written in place, it would change under the
+		// template's children.
+		if ts == nil {
+			var err error
+			if ts, err = mg.Store.ListTemplates(); err != nil {
+				return err
+			}
+		}
+		for _, t := range ts {
+			for _, td := range t.Disks {
+				if td.Foreign && filepath.Clean(td.File) == dev {
+					name := t.ID
+					if t.Name != "" {
+						name = t.Name
+					}
+					return fmt.Errorf("disk %q: block device %s is the frozen base of template %q's disk %q (vmfork template rm %s first): %w", d.ID, dev, name, td.ID, name, ErrInvalid)
+				}
 			}
 		}
 	}

@@ -344,3 +344,29 @@ func TestBlockDiskOneMachine(t *testing.T) {
 		t.Errorf("a second read-only view = %v, want it taken", err)
 	}
 }
+
+// TestBlockDiskKeptTemplate: a template kept after its source went still
+// holds the device frozen as its base: a boot that would write it in place
+// is refused, naming the template; a read-only view is taken.
+func TestBlockDiskKeptTemplate(t *testing.T) {
+	dev := loopDevice(t, 1<<20)
+	mg, _ := newTestManager(t)
+	tp, err := mg.Store.NewTemplate("gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.Name = "golden"
+	tp.Disks = []TemplateDisk{{ID: "data", Policy: DiskCow, File: dev, Foreign: true, Size: 1 << 20, Format: "raw"}}
+	if err := mg.Store.WriteTemplate(tp); err != nil {
+		t.Fatal(err)
+	}
+	for _, pol := range []DiskPolicy{DiskCow, DiskKeep} {
+		err := mg.checkBlockDisksFree(Spec{Disks: []DiskSpec{{ID: "x", File: dev, Fork: pol}}})
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `is the frozen base of template "golden"'s disk "data" (vmfork template rm golden first)`) {
+			t.Errorf("%s disk on template golden's frozen device = %v, want it refused", pol, err)
+		}
+	}
+	if err := mg.checkBlockDisksFree(Spec{Disks: []DiskSpec{{ID: "x", File: dev, Fork: DiskShared}}}); err != nil {
+		t.Errorf("a read-only view of template golden's device = %v, want it taken", err)
+	}
+}
