@@ -3,6 +3,9 @@
 package tests
 
 import (
+	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,6 +38,10 @@ func TestBlockDiskVerbs(t *testing.T) {
 		if got := read(m); got != want {
 			t.Errorf("%s: %s's data disk reads %q, want %q", step, m, got, want)
 		}
+		// What the guest synced is in the image the record names.
+		if got := recordedData(t, e, m, "data"); got != want {
+			t.Errorf("%s: %s's data disk as recorded reads %q on the host, want %q", step, m, got, want)
+		}
 	}
 	var frozen string
 	unchanged := func(step string) {
@@ -57,6 +64,8 @@ func TestBlockDiskVerbs(t *testing.T) {
 	write("src", "HIB")
 	unchanged("after the resumed machine's write")
 
+	expect("after the resumed machine's write", "src", "HIB")
+
 	// A disk-only fork: the child boots from the view frozen with the
 	// guest's filesystems, its disk an overlay on the source's.
 	e.ok("fork", "src", "d1", "--disk-only")
@@ -72,24 +81,30 @@ func TestBlockDiskVerbs(t *testing.T) {
 	write("src", "LATER")
 	e.ok("rewind", "src", "--to", "cp")
 	expect("after the rewind", "src", "DONLY")
+	write("src", "REWOUND")
+	expect("a write after the rewind", "src", "REWOUND")
 	unchanged("after the rewind")
 
 	// A template saved, exported and imported: the archive holds the
 	// disk's whole chain, the device's part too, flattened.
 	e.ok("template", "save", "src", "k")
+	write("src", "SAVED")
+	expect("a write after the save", "src", "SAVED")
 	file := filepath.Join(t.TempDir(), "k.vmfork")
 	e.ok("template", "export", "k", file)
 	e.ok("template", "rm", "k")
 	e.ok("template", "import", file, "--as", "k2")
 	e.ok("fork", "k2", "i1")
-	expect("child of the imported template", "i1", "DONLY")
+	expect("child of the imported template", "i1", "REWOUND")
 	e.ok("rm", "-f", "i1")
 	e.ok("template", "rm", "k2")
 	unchanged("after the export and import")
 
 	// Once nothing reads the device, the commit puts the source's last
 	// write on it.
+	expect("after the export and import", "src", "SAVED")
 	write("src", "LAST")
+	expect("the last write", "src", "LAST")
 	e.ok("template", "rm", "cp")
 	e.ok("stop", "src")
 	e.ok("disk", "commit", "src")
@@ -97,4 +112,40 @@ func TestBlockDiskVerbs(t *testing.T) {
 		t.Errorf("after the commit the device reads %q, want the source's LAST", got)
 	}
 	e.ok("rm", "-f", "src")
+}
+
+// recordedData reads, on the host, the start of the image machine m's
+// record names for extra disk id (through its backing chain; -U: its QEMU
+// holds it), NULs and qemu-io's dots for them dropped.
+func recordedData(t *testing.T, e *env, m, id string) string {
+	t.Helper()
+	var rec struct {
+		Paths struct {
+			Disks map[string]struct {
+				File  string `json:"file"`
+				Block bool   `json:"block"`
+			} `json:"disks"`
+		} `json:"paths"`
+	}
+	data, err := os.ReadFile(filepath.Join(e.stateDir, "machines", m, "machine.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &rec)
+	}
+	if err != nil {
+		t.Fatalf("%s's record: %v", m, err)
+	}
+	f := rec.Paths.Disks[id]
+	if f.Block {
+		return deviceHead(t, f.File, 16)
+	}
+	out, err := exec.Command("qemu-io", "-U", "-r", "-f", "qcow2", "-c", "read -v 0 16", f.File).CombinedOutput()
+	if err != nil {
+		t.Fatalf("qemu-io %s: %v: %s", f.File, err, out)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	fields := strings.Fields(line)
+	if len(fields) == 0 {
+		t.Fatalf("qemu-io %s: %q", f.File, out)
+	}
+	return strings.TrimRight(fields[len(fields)-1], ".")
 }
