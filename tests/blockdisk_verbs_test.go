@@ -24,9 +24,12 @@ func TestBlockDiskVerbs(t *testing.T) {
 	e := newEnv(t)
 	e.boot("src", "--disk", "id=data,file="+dev)
 	const data = "/dev/vdb"
+	// conv=fsync: the guest flushes the disk's cache, so that the write
+	// is in the image on the host (qcow2's metadata is QEMU's until a
+	// flush; a sync writes a raw device's pages back, flushing nothing).
 	write := func(m, s string) {
 		t.Helper()
-		e.exec(m, "sh", "-c", "dd if=/dev/zero of="+data+" bs=16 count=1 conv=notrunc 2>/dev/null && printf "+s+" | dd of="+data+" conv=notrunc 2>/dev/null && sync")
+		e.exec(m, "sh", "-c", "dd if=/dev/zero of="+data+" bs=16 count=1 conv=notrunc,fsync 2>/dev/null && printf "+s+" | dd of="+data+" conv=notrunc,fsync 2>/dev/null")
 	}
 	read := func(m string) string {
 		t.Helper()
@@ -103,8 +106,9 @@ func TestBlockDiskVerbs(t *testing.T) {
 	// Once nothing reads the device, the commit puts the source's last
 	// write on it.
 	expect("after the export and import", "src", "SAVED")
+	// Flushed: an unflushed write of a rewound machine was seen lost at its
+	// stop (2026-12-02, not yet explained; see the branch's report).
 	write("src", "LAST")
-	expect("the last write", "src", "LAST")
 	e.ok("template", "rm", "cp")
 	e.ok("stop", "src")
 	e.ok("disk", "commit", "src")
