@@ -115,7 +115,19 @@ func TestBlockDiskVerbs(t *testing.T) {
 	if got := deviceHead(t, dev, 16); got != "LAST" {
 		t.Errorf("after the commit the device reads %q, want the source's LAST", got)
 	}
+	// A template kept after its source went still holds the device
+	// frozen: a boot that would write it in place is refused.
+	e.ok("template", "save", "src", "kend")
 	e.ok("rm", "-f", "src")
+	runBadCases(t, e, []badCase{
+		{"block disk a kept template holds", []string{"boot", "b", "--kernel", e.guest.Kernel, "--initrd", e.guest.Initrd, "--disk", e.guest.Disk, "--disk", "id=data,file=" + dev},
+			2, `block device ` + dev + ` is the frozen base of template "kend"'s disk "data" (vmfork template rm kend first)`},
+	}, func(t *testing.T) {
+		if ms := e.list(); len(ms) != 0 {
+			t.Errorf("machines after bad input: %v, want none", ms)
+		}
+	})
+	e.ok("template", "rm", "kend")
 }
 
 // recordedData reads, on the host, the start of the image machine m's
