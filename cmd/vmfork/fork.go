@@ -103,56 +103,12 @@ unfrozen, as a power cut would leave them.
 		if cliCtx.NArg() < 1 {
 			return usageError{errors.New("fork needs a source machine: vmfork fork SOURCE [NAME...]")}
 		}
-		if err := checkTTLFlag(cliCtx); err != nil {
+		if cliCtx.IsSet("to") {
+			return forkTo(cliCtx)
+		}
+		req, err := forkRequest(cliCtx)
+		if err != nil {
 			return err
-		}
-		req := vmfork.ForkRequest{
-			Source:          cliCtx.Args().First(),
-			Names:           cliCtx.Args().Tail(),
-			Count:           cliCtx.Int("count"),
-			Prefix:          cliCtx.String("prefix"),
-			Parallel:        cliCtx.Int("parallel"),
-			MaxChildren:     cliCtx.Int("max-children"),
-			TTL:             cliCtx.Duration("ttl"),
-			DetachDevices:   cliCtx.Bool("detach-devices"),
-			DiskOnly:        cliCtx.Bool("disk-only"),
-			CrashConsistent: cliCtx.Bool("crash-consistent"),
-		}
-		if req.CrashConsistent && !req.DiskOnly {
-			return usageError{errors.New("--crash-consistent applies to --disk-only")}
-		}
-		var err error
-		if req.DiskPolicies, err = vmfork.ParseDiskPolicies(cliCtx.StringSlice("disk-policy")); err != nil {
-			return fmt.Errorf("--disk-policy: %w", err)
-		}
-		if cliCtx.IsSet("count") && req.Count < 1 {
-			return usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
-		}
-		if err := checkForkLimits(cliCtx); err != nil {
-			return err
-		}
-		if req.Count == 0 && len(req.Names) == 0 {
-			req.Count = 1
-		}
-		if req.Identity, err = identityOptions(cliCtx); err != nil {
-			return err
-		}
-		if req.Contract, err = contractOf(cliCtx, req.Identity.Spec.Contract); err != nil {
-			return err
-		}
-		// The spec's disk policies, under the flag's.
-		for id, pol := range req.Identity.Spec.Disks {
-			if _, set := req.DiskPolicies[id]; set {
-				continue
-			}
-			p, err := vmfork.ParseDiskPolicy(pol)
-			if err != nil {
-				return fmt.Errorf("--customize: disks: %w", err)
-			}
-			if req.DiskPolicies == nil {
-				req.DiskPolicies = map[string]vmfork.DiskPolicy{}
-			}
-			req.DiskPolicies[id] = p
 		}
 		return run(cliCtx, func(v verb) error {
 			return v.planOr(func() (*vmfork.Plan, error) { return v.mg.PlanFork(v.ctx, req) }, func() error {
@@ -161,6 +117,63 @@ unfrozen, as a power cut would leave them.
 			})
 		})
 	},
+}
+
+// forkRequest reads fork's arguments and flags into a request; every bad
+// value is a usage error, found before anything is paused.
+func forkRequest(cliCtx *cli.Context) (vmfork.ForkRequest, error) {
+	if err := checkTTLFlag(cliCtx); err != nil {
+		return vmfork.ForkRequest{}, err
+	}
+	req := vmfork.ForkRequest{
+		Source:          cliCtx.Args().First(),
+		Names:           cliCtx.Args().Tail(),
+		Count:           cliCtx.Int("count"),
+		Prefix:          cliCtx.String("prefix"),
+		Parallel:        cliCtx.Int("parallel"),
+		MaxChildren:     cliCtx.Int("max-children"),
+		TTL:             cliCtx.Duration("ttl"),
+		DetachDevices:   cliCtx.Bool("detach-devices"),
+		DiskOnly:        cliCtx.Bool("disk-only"),
+		CrashConsistent: cliCtx.Bool("crash-consistent"),
+	}
+	if req.CrashConsistent && !req.DiskOnly {
+		return vmfork.ForkRequest{}, usageError{errors.New("--crash-consistent applies to --disk-only")}
+	}
+	var err error
+	if req.DiskPolicies, err = vmfork.ParseDiskPolicies(cliCtx.StringSlice("disk-policy")); err != nil {
+		return vmfork.ForkRequest{}, fmt.Errorf("--disk-policy: %w", err)
+	}
+	if cliCtx.IsSet("count") && req.Count < 1 {
+		return vmfork.ForkRequest{}, usageError{fmt.Errorf("--count %d: want at least 1", req.Count)}
+	}
+	if err := checkForkLimits(cliCtx); err != nil {
+		return vmfork.ForkRequest{}, err
+	}
+	if req.Count == 0 && len(req.Names) == 0 {
+		req.Count = 1
+	}
+	if req.Identity, err = identityOptions(cliCtx); err != nil {
+		return vmfork.ForkRequest{}, err
+	}
+	if req.Contract, err = contractOf(cliCtx, req.Identity.Spec.Contract); err != nil {
+		return vmfork.ForkRequest{}, err
+	}
+	// The spec's disk policies, under the flag's.
+	for id, pol := range req.Identity.Spec.Disks {
+		if _, set := req.DiskPolicies[id]; set {
+			continue
+		}
+		p, err := vmfork.ParseDiskPolicy(pol)
+		if err != nil {
+			return vmfork.ForkRequest{}, fmt.Errorf("--customize: disks: %w", err)
+		}
+		if req.DiskPolicies == nil {
+			req.DiskPolicies = map[string]vmfork.DiskPolicy{}
+		}
+		req.DiskPolicies[id] = p
+	}
+	return req, nil
 }
 
 // parallelFlag and maxChildrenFlag are fork's, and explore's, which forks

@@ -106,7 +106,7 @@ state dir (machine records, disks, sockets, logs) and guest RAM in the mem dir
 		Before:                setupLogging,
 		Commands: []*cli.Command{
 			bootCommand,
-			forkCommand, checkpointCommand, rewindCommand, hibernateCommand, resumeCommand,
+			forkCommand, forkServeCommand, checkpointCommand, rewindCommand, hibernateCommand, resumeCommand,
 			contractCommand,
 			templateCommand,
 			lsCommand,

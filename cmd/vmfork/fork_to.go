@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/vmfork/vmfork"
+)
+
+// fork --to HOST (forkto.go): the flags it adds to fork, and the hidden
+// fork-serve that ssh runs on the other host.
+
+var forkToFlags = []cli.Flag{
+	&cli.StringFlag{Name: "to", Usage: "fork onto another host, `[USER@]HOST`, over SSH: the instant is frozen here, pushed (the chunks HOST lacks) and forked there (see FORK ONTO ANOTHER HOST)"},
+	// --ssh, --remote-vmfork, --idle-timeout: push's (transferFlags, less --json).
+	transferFlags[0], transferFlags[1], transferFlags[2],
+}
+
+// forkToForwarded are the fork flags a fork --to hands on to the other
+// host's fork, where the children are made. The others are refused with
+// --to: they name files on this host (--customize, --extra-step,
+// --contract), or do what this path does not (--disk-only, --dry-run).
+var forkToForwarded = []string{"count", "prefix", "parallel", "max-children", "identity", "hostname", "network",
+	"address", "gateway", "dns", "skip-step", "step-timeout", "disk-policy", "on-identity-failure", "ttl"}
+
+var forkToRefused = []string{"customize", "extra-step", "contract", "disk-only", "crash-consistent", "detach-devices", "dry-run", "trace-json"}
+
+const forkToHelp = `
+
+FORK ONTO ANOTHER HOST: --to [USER@]HOST makes the children on HOST, a host
+that runs vmfork (--remote-vmfork) and that ssh reaches (--ssh). SOURCE's
+instant is frozen here as for a local fork (the same pause; a kept template
+is not touched), pushed as "template push" does (only the chunks HOST
+lacks, checked against HOST's QEMU first), and forked there; each child's
+identity chain runs there. The children are machines of HOST: "ssh HOST
+vmfork ls". If the link or either side dies before the fork is committed,
+HOST removes what it made and nothing is left here but SOURCE, running.
+
+   vmfork fork web --to root@host2 --json
+   vmfork fork golden -n 3 --to host2 --ssh "ssh -p 2222"`
+
+func init() {
+	// fork-serve takes what fork takes, less --to; fork learns --to.
+	forkServeCommand.Flags = append(append([]cli.Flag{}, forkCommand.Flags...), transferFlags[2])
+	forkCommand.Flags = append(forkCommand.Flags, forkToFlags...)
+	forkCommand.Description += forkToHelp
+}
+
+// forkTo is fork --to HOST.
+func forkTo(cliCtx *cli.Context) error {
+	r, err := vmfork.ParseRemote(cliCtx.String("to"), false)
+	if err != nil {
+		return fmt.Errorf("--to: %w", err)
+	}
+	if r.Name != "" {
+		return usageError{fmt.Errorf("--to %q: a fork goes to a host, [USER@]HOST, not HOST:NAME", cliCtx.String("to"))}
+	}
+	for _, f := range forkToRefused {
+		if cliCtx.IsSet(f) {
+			return usageError{fmt.Errorf("--%s cannot be used with --to (fork onto another host)", f)}
+		}
+	}
+	if err := checkTransferFlags(cliCtx); err != nil {
+		return err
+	}
+	// Every value checked here, before anything is paused, as a local
+	// fork checks it; the other host checks them again.
+	req, err := forkRequest(cliCtx)
+	if err != nil {
+		return err
+	}
+	var remoteArgs []string
+	remoteArgs = append(remoteArgs, cliCtx.Args().Tail()...)
+	for _, f := range forkToForwarded {
+		if !cliCtx.IsSet(f) {
+			continue
+		}
+		switch f {
+		case "address", "dns", "skip-step", "step-timeout", "disk-policy":
+			for _, s := range cliCtx.StringSlice(f) {
+				remoteArgs = append(remoteArgs, "--"+f+"="+s)
+			}
+		case "count", "parallel", "max-children":
+			remoteArgs = append(remoteArgs, fmt.Sprintf("--%s=%d", f, cliCtx.Int(f)))
+		case "ttl":
+			remoteArgs = append(remoteArgs, "--ttl="+cliCtx.Duration(f).String())
+		default:
+			remoteArgs = append(remoteArgs, "--"+f+"="+cliCtx.String(f))
+		}
+	}
+	return run(cliCtx, func(v verb) error {
+		res, err := v.mg.ForkTo(withProgress(v.ctx, cliCtx), vmfork.ForkToRequest{
+			Source:     req.Source,
+			Transfer:   transferRequest(cliCtx, "", r, "push"),
+			Identity:   req.Identity,
+			RemoteArgs: remoteArgs,
+		})
+		return show(v, res, err, printForkTo)
+	})
+}
+
+func printForkTo(res *vmfork.ForkToResult) {
+	if res.PauseMS > 0 {
+		fmt.Printf("forked %s onto %s (source paused %.1f ms); pushed %.1f MiB (%d of %d chunks) in %.0f ms\n",
+			res.Source, res.Host, res.PauseMS, mib(res.Push.BytesOut), res.Push.Received.ChunksSent, res.Push.Received.Chunks, res.PushMS-res.FreezeMS)
+	} else {
+		fmt.Printf("forked %s onto %s (nothing paused); pushed %.1f MiB (%d of %d chunks) in %.0f ms\n",
+			res.Source, res.Host, mib(res.Push.BytesOut), res.Push.Received.ChunksSent, res.Push.Received.Chunks, res.PushMS-res.FreezeMS)
+	}
+	fmt.Printf("on %s: first child running %.0f ms, all ready %.0f ms after the start\n", res.Host, res.RunningMS, res.ReadyMS)
+	printFork(res.Fork)
+}
+
+// forkServeCommand is what fork --to runs on the other host.
+var forkServeCommand = &cli.Command{
+	Name:      "fork-serve",
+	Usage:     "the other end of a fork --to: fork a pushed template, print the result, keep the children only on commit (run by ssh)",
+	ArgsUsage: "TEMPLATE [NAME...]",
+	Hidden:    true,
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() < 1 {
+			return usageError{fmt.Errorf("fork-serve needs the pushed template")}
+		}
+		req, err := forkRequest(cliCtx)
+		if err != nil {
+			return err
+		}
+		// A write to a session whose link died must fail (and the children
+		// be removed), not kill vmfork with SIGPIPE half-way.
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+		return run(cliCtx, func(v verb) error {
+			_, err := v.mg.ServeFork(v.ctx, req, os.Stdin, os.Stdout, cliCtx.Duration("idle-timeout"))
+			return err
+		})
+	},
+}

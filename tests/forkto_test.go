@@ -1,0 +1,180 @@
+//go:build integration
+
+package tests
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type forkToJSON struct {
+	Host      string        `json:"host"`
+	Source    string        `json:"source"`
+	PauseMS   float64       `json:"pause_ms"`
+	Push      *transferJSON `json:"push"`
+	Fork      *forkJSON     `json:"fork"`
+	FreezeMS  float64       `json:"freeze_ms"`
+	PushMS    float64       `json:"push_ms"`
+	RemoteMS  float64       `json:"remote_fork_ms"`
+	RunningMS float64       `json:"running_ms"`
+	ReadyMS   float64       `json:"ready_ms"`
+	Elapsed   float64       `json:"elapsed_ms"`
+}
+
+// forkTo returns the flags a fork --to from host a needs (hostRig.transfer).
+func (r *hostRig) forkTo(child ...string) []string {
+	return append(append([]string{}, child...), r.transfer()...)
+}
+
+// TestForkTo (issue 24 item 2): `fork SOURCE --to HOST` on the embedded
+// driver, between the rig's two hosts (hosts_test.go):
+//   - the link cut (the ssh client killed) in the middle of the push, and
+//     again while the other host forks: nothing is left on host b (no
+//     machine, no kept template, no QEMU), nothing but the source on host a,
+//     and the source runs;
+//   - then a fork --to that completes: the child on host b continues the
+//     source's process (the counter's PID, a write never synced to disk),
+//     READY with its own hostname, and the source still runs.
+func TestForkTo(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
+	r := newHostRig(t)
+	a, b := r.hosts[0], r.hosts[1]
+	a.boot("src")
+	pid := strings.TrimSpace(a.exec("src", "vmfork-counter", "start"))
+
+	nothingLeft := func(when string) {
+		t.Helper()
+		// The other host's fork-serve may still be finishing the fork it
+		// will undo: give it until its commit wait ends.
+		deadline := time.Now().Add(90 * time.Second)
+		for len(b.list()) > 0 || len(b.qemuProcesses()) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: host b still has machines %v, QEMU %v", when, b.list(), b.qemuProcesses())
+			}
+			time.Sleep(time.Second)
+		}
+		if r := b.vmfork("template", "ls", "--json"); strings.Contains(r.stdout, `"fork-to-`) {
+			t.Errorf("%s: host b keeps a fork's template: %s", when, r.stdout)
+		}
+		if r := a.vmfork("template", "ls", "--json"); strings.Contains(r.stdout, `"fork-to-`) {
+			t.Errorf("%s: host a keeps a fork's template: %s", when, r.stdout)
+		}
+		if ms := a.list(); len(ms) != 1 || ms[0].Name != "src" || ms[0].State != "running" {
+			t.Errorf("%s: host a has %+v, want src running alone", when, ms)
+		}
+		a.counterAdvances("src")
+	}
+	for _, cut := range []string{"template serve", "fork-serve"} {
+		res := a.cutSSH(t, cut, append([]string{"fork", "src", "kid", "--to", b.addr}, r.forkTo()...)...)
+		if res.code == 0 {
+			t.Errorf("fork --to with the link cut at %q: %s, want a failure", cut, res)
+		} else {
+			t.Logf("link cut at %q: %s", cut, errorLine(res.stderr))
+		}
+		nothingLeft("the link cut at " + cut)
+	}
+
+	// Never synced: it lives in the guest's page cache, i.e. in its RAM.
+	a.exec("src", "sh", "-c", "echo unsynced > /data/unsynced")
+	before := a.counter("src")
+	var res forkToJSON
+	a.jsonOK(&res, append([]string{"fork", "src", "--to", b.addr, "kid", "--hostname", "kid-on-b"}, r.transfer()...)...)
+	t.Logf("fork --to: source paused %.1f ms; freeze %.0f ms, push done %.0f ms (%.1f MiB, %d of %d chunks), child running %.0f ms, ready %.0f ms, all %.0f ms",
+		res.PauseMS, res.FreezeMS, res.PushMS, mib(res.Push.BytesOut), res.Push.Received.ChunksSent, res.Push.Received.Chunks, res.RunningMS, res.ReadyMS, res.Elapsed)
+	if res.Fork == nil || len(res.Fork.Children) != 1 || res.Fork.Children[0].Name != "kid" {
+		t.Fatalf("fork --to = %+v, want child kid", res)
+	}
+	if got := strings.TrimSpace(b.exec("kid", "cat", "/run/counter.pid")); got != pid {
+		t.Errorf("kid on host b: counter PID %s, want the source's %s", got, pid)
+	}
+	if n := b.counter("kid"); n < before {
+		t.Errorf("kid on host b: counter %d, want it to go on from %d", n, before)
+	}
+	if got := b.exec("kid", "cat", "/data/unsynced"); got != "unsynced\n" {
+		t.Errorf("kid on host b: the unsynced write reads %q", got)
+	}
+	if got := strings.TrimSpace(b.exec("kid", "hostname")); got != "kid-on-b" {
+		t.Errorf("kid on host b: hostname %q, want its own, kid-on-b", got)
+	}
+	if ms := b.list(); len(ms) != 1 || ms[0].Name != "kid" || ms[0].State != "running" {
+		t.Errorf("host b has %+v, want kid running", ms)
+	}
+	if got := strings.TrimSpace(a.exec("src", "hostname")); got == "kid-on-b" {
+		t.Errorf("the source took the child's hostname")
+	}
+	a.counterAdvances("src")
+	b.ok("rm", "kid", "--force")
+}
+
+// cutSSH runs vmfork args on e and, once it runs an ssh whose command line
+// holds what, kills that ssh (the link dies, as far as both ends can tell);
+// it returns how vmfork ended.
+func (e *env) cutSSH(t *testing.T, what string, args ...string) result {
+	t.Helper()
+	argv := append(slices.Clone(e.runAs), append([]string{e.bin, "--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	killed := false
+	deadline := time.Now().Add(5 * time.Minute)
+	for !killed {
+		select {
+		case <-done:
+			t.Fatalf("vmfork %v ended before an ssh running %q was seen: %s", args, what, errb.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("vmfork %v: no ssh running %q", args, what)
+		}
+		for _, p := range childPIDs(cmd.Process.Pid) {
+			cl, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "cmdline"))
+			if strings.HasPrefix(string(cl), "ssh\x00") && strings.Contains(string(cl), what) {
+				// Let some of it happen first.
+				time.Sleep(300 * time.Millisecond)
+				syscall.Kill(p, syscall.SIGKILL)
+				killed = true
+			}
+		}
+	}
+	err := <-done
+	r := result{stdout: out.String(), stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	}
+	return r
+}
+
+// childPIDs lists the processes whose parent is pid.
+func childPIDs(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, ent := range ents {
+		p, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		st, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat"))
+		// pid (comm) state ppid ...
+		if i := bytes.LastIndexByte(st, ')'); i > 0 {
+			f := strings.Fields(string(st[i+1:]))
+			if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
