@@ -112,6 +112,22 @@ func TestForkTo(t *testing.T) {
 	}
 	a.counterAdvances("src")
 	b.ok("rm", "kid", "--force")
+
+	// The same by hand, for docs/TEMPLATES.md: save here, push, fork there.
+	// Not asserted: both paths do the same work today.
+	t0 := time.Now()
+	a.ok("template", "save", "src", "by-hand")
+	saved := time.Since(t0)
+	var p transferJSON
+	a.jsonOK(&p, append([]string{"template", "push", "by-hand", b.addr}, r.transfer()...)...)
+	pushed := time.Since(t0)
+	var f forkJSON
+	b.jsonOK(&f, "fork", "by-hand", "kid2", "--hostname", "kid2-on-b")
+	if len(f.Children) == 1 {
+		t.Logf("save + push + fork on b: save %.0f ms, push done %.0f ms (%.1f MiB, %d of %d chunks), child running %.0f ms, ready %.0f ms",
+			ms(saved), ms(pushed), mib(p.BytesOut), p.Received.ChunksSent, p.Received.Chunks, ms(pushed)+f.Children[0].RunningMS, ms(pushed)+f.Children[0].ReadyMS)
+	}
+	b.ok("rm", "kid2", "--force")
 }
 
 // cutSSH runs vmfork args on e and, once it runs an ssh whose command line

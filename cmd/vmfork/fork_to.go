@@ -73,8 +73,13 @@ func forkTo(cliCtx *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, n := range req.Names {
+		if err := vmfork.ValidateName(n); err != nil {
+			return err
+		}
+	}
 	var remoteArgs []string
-	remoteArgs = append(remoteArgs, cliCtx.Args().Tail()...)
+	remoteArgs = append(remoteArgs, req.Names...)
 	for _, f := range forkToForwarded {
 		if !cliCtx.IsSet(f) {
 			continue
