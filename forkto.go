@@ -40,10 +40,11 @@ type ForkToRequest struct {
 	Transfer TransferRequest
 	// Identity supplies the source's pre-fork hooks, run before the freeze.
 	Identity IdentityOptions
-	// RemoteArgs are the fork's arguments on the other host, after the
-	// template's name: child names and fork flags, as `vmfork fork` takes
-	// them; the caller has checked them.
-	RemoteArgs []string
+	// RemoteFlags are the fork's flags on the other host ("--name=value",
+	// as `vmfork fork` takes them) and Names its children's names; the
+	// caller has checked them.
+	RemoteFlags []string
+	Names       []string
 }
 
 // ForkToResult is a fork onto another host's outcome. Its JSON form is a
@@ -144,8 +145,10 @@ func (mg *Manager) remoteFork(ctx context.Context, req ForkToRequest, tmpl strin
 	if remote == "" {
 		remote = "vmfork"
 	}
-	words := []string{remote, "fork-serve", "--json", "--", ShellQuote(tmpl)}
-	for _, a := range req.RemoteArgs {
+	// Flags first, then the template and the names (which never start
+	// with '-'): no "--", after which the flags would be names.
+	words := []string{remote, "fork-serve", "--json"}
+	for _, a := range append(append(append([]string{}, req.RemoteFlags...), tmpl), req.Names...) {
 		words = append(words, ShellQuote(a))
 	}
 	args := append(sshArgs[1:], "-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
@@ -214,7 +217,7 @@ const forkCommit = "commit"
 // map it).
 func (mg *Manager) ServeFork(ctx context.Context, req ForkRequest, r io.Reader, w io.Writer, idle time.Duration) (res *ForkResult, err error) {
 	defer func() {
-		if _, uerr := mg.Unkeep(context.WithoutCancel(ctx), req.Source); uerr != nil {
+		if _, uerr := mg.Unkeep(context.WithoutCancel(ctx), req.Source); uerr != nil && !errors.Is(uerr, ErrNotFound) {
 			mg.Log.WithError(uerr).WithField("template", req.Source).Warn("could not give up the pushed template")
 		}
 	}()

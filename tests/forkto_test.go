@@ -55,7 +55,7 @@ func TestForkTo(t *testing.T) {
 		// The other host's fork-serve may still be finishing the fork it
 		// will undo: give it until its commit wait ends.
 		deadline := time.Now().Add(90 * time.Second)
-		for len(b.list()) > 0 || len(b.qemuProcesses()) > 0 {
+		for forkServes(b.stateDir) > 0 || len(b.list()) > 0 || len(b.qemuProcesses()) > 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: host b still has machines %v, QEMU %v", when, b.list(), b.qemuProcesses())
 			}
@@ -193,4 +193,25 @@ func childPIDs(pid int) []int {
 		}
 	}
 	return out
+}
+
+// forkServes counts the fork-serve processes running for state dir dir
+// (the rig's sshd gives them their dirs in their environment).
+func forkServes(dir string) int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, ent := range ents {
+		if _, err := strconv.Atoi(ent.Name()); err != nil {
+			continue
+		}
+		cl, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if !bytes.Contains(cl, []byte("\x00fork-serve\x00")) {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "environ"))
+		if bytes.Contains(env, []byte("VMFORK_STATE_DIR="+dir+"\x00")) {
+			n++
+		}
+	}
+	return n
 }

@@ -79,7 +79,6 @@ func forkTo(cliCtx *cli.Context) error {
 		}
 	}
 	var remoteArgs []string
-	remoteArgs = append(remoteArgs, req.Names...)
 	for _, f := range forkToForwarded {
 		if !cliCtx.IsSet(f) {
 			continue
@@ -99,10 +98,11 @@ func forkTo(cliCtx *cli.Context) error {
 	}
 	return run(cliCtx, func(v verb) error {
 		res, err := v.mg.ForkTo(withProgress(v.ctx, cliCtx), vmfork.ForkToRequest{
-			Source:     req.Source,
-			Transfer:   transferRequest(cliCtx, "", r, "push"),
-			Identity:   req.Identity,
-			RemoteArgs: remoteArgs,
+			Source:      req.Source,
+			Transfer:    transferRequest(cliCtx, "", r, "push"),
+			Identity:    req.Identity,
+			RemoteFlags: remoteArgs,
+			Names:       req.Names,
 		})
 		return show(v, res, err, printForkTo)
 	})
