@@ -36,8 +36,9 @@ func (r *hostRig) forkTo(child ...string) []string {
 
 // TestForkTo (issue 24 item 2): `fork SOURCE --to HOST` on the embedded
 // driver, between the rig's two hosts (hosts_test.go):
-//   - the link cut (the ssh client killed) in the middle of the push, and
-//     again while the other host forks: nothing is left on host b (no
+//   - the link cut (the ssh client killed) in the middle of the push, as
+//     the other host's fork begins, and once the child's QEMU runs there:
+//     nothing is left on host b (no
 //     machine, no kept template, no QEMU), nothing but the source on host a,
 //     and the source runs;
 //   - then a fork --to that completes: the child on host b continues the
@@ -72,14 +73,23 @@ func TestForkTo(t *testing.T) {
 		}
 		a.counterAdvances("src")
 	}
-	for _, cut := range []string{"template serve", "fork-serve"} {
-		res := a.cutSSH(t, cut, append([]string{"fork", "src", "kid", "--to", b.addr}, r.forkTo()...)...)
+	// Three points: in the push; as the other host's fork begins; once the
+	// child's QEMU runs there (loading its state, or in its identity chain).
+	for _, cut := range []struct {
+		what, when string
+		now        func() bool
+	}{
+		{"template serve", "in the push", func() bool { return true }},
+		{"fork-serve", "as the fork there begins", func() bool { return true }},
+		{"fork-serve", "once the child's QEMU runs there", func() bool { return len(b.qemuProcesses()) > 0 }},
+	} {
+		res := a.cutSSH(t, cut.what, cut.now, append([]string{"fork", "src", "kid", "--to", b.addr}, r.forkTo()...)...)
 		if res.code == 0 {
-			t.Errorf("fork --to with the link cut at %q: %s, want a failure", cut, res)
+			t.Errorf("fork --to with the link cut %s: %s, want a failure", cut.when, res)
 		} else {
-			t.Logf("link cut at %q: %s", cut, errorLine(res.stderr))
+			t.Logf("link cut %s: %s", cut.when, errorLine(res.stderr))
 		}
-		nothingLeft("the link cut at " + cut)
+		nothingLeft("the link cut " + cut.when)
 	}
 
 	// Never synced: it lives in the guest's page cache, i.e. in its RAM.
@@ -131,9 +141,9 @@ func TestForkTo(t *testing.T) {
 }
 
 // cutSSH runs vmfork args on e and, once it runs an ssh whose command line
-// holds what, kills that ssh (the link dies, as far as both ends can tell);
+// holds what and now() says so, kills that ssh (the link dies, as far as both ends can tell);
 // it returns how vmfork ended.
-func (e *env) cutSSH(t *testing.T, what string, args ...string) result {
+func (e *env) cutSSH(t *testing.T, what string, now func() bool, args ...string) result {
 	t.Helper()
 	argv := append(slices.Clone(e.runAs), append([]string{e.bin, "--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -158,7 +168,7 @@ func (e *env) cutSSH(t *testing.T, what string, args ...string) result {
 		}
 		for _, p := range childPIDs(cmd.Process.Pid) {
 			cl, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "cmdline"))
-			if strings.HasPrefix(string(cl), "ssh\x00") && strings.Contains(string(cl), what) {
+			if strings.HasPrefix(string(cl), "ssh\x00") && strings.Contains(string(cl), what) && now() {
 				// Let some of it happen first.
 				time.Sleep(300 * time.Millisecond)
 				syscall.Kill(p, syscall.SIGKILL)
