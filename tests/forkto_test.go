@@ -87,7 +87,8 @@ func TestForkTo(t *testing.T) {
 		if res.code == 0 {
 			t.Errorf("fork --to with the link cut %s: %s, want a failure", cut.when, res)
 		} else {
-			t.Logf("link cut %s: %s", cut.when, errorLine(res.stderr))
+			lines := strings.Split(strings.TrimSpace(res.stderr), "\n")
+			t.Logf("link cut %s: exit %d: %s", cut.when, res.code, lines[len(lines)-1])
 		}
 		nothingLeft("the link cut " + cut.when)
 	}
