@@ -54,7 +54,8 @@ func TestForkTo(t *testing.T) {
 	nothingLeft := func(when string) {
 		t.Helper()
 		// The other host's fork-serve may still be finishing the fork it
-		// will undo: give it until its commit wait ends.
+		// will undo, its template serve the transfer it will give up: give
+		// them until they end.
 		deadline := time.Now().Add(90 * time.Second)
 		for forkServes(b.stateDir) > 0 || len(b.list()) > 0 || len(b.qemuProcesses()) > 0 {
 			if time.Now().After(deadline) {
@@ -214,7 +215,8 @@ func childPIDs(pid int) []int {
 	return out
 }
 
-// forkServes counts the fork-serve processes running for state dir dir
+// forkServes counts the fork-serve and template serve processes running
+// for state dir dir
 // (the rig's sshd gives them their dirs in their environment).
 func forkServes(dir string) int {
 	ents, _ := os.ReadDir("/proc")
@@ -224,7 +226,7 @@ func forkServes(dir string) int {
 			continue
 		}
 		cl, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if !bytes.Contains(cl, []byte("\x00fork-serve\x00")) {
+		if !bytes.Contains(cl, []byte("\x00fork-serve\x00")) && !bytes.Contains(cl, []byte("\x00template\x00serve\x00")) {
 			continue
 		}
 		env, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "environ"))

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -136,6 +138,10 @@ var templateServeCommand = &cli.Command{
 		&cli.DurationFlag{Name: "idle-timeout", Value: vmfork.DefaultTransferIdle},
 	},
 	Action: func(cliCtx *cli.Context) error {
+		// A write to a session whose link died must fail, so that the
+		// staged files are removed (receiveTemplate's abort), not kill
+		// vmfork with SIGPIPE and leave them (TestForkTo found those).
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 		return run(cliCtx, func(v verb) error {
 			return v.mg.Serve(v.ctx, os.Stdin, os.Stdout, cliCtx.Duration("idle-timeout"), func() {
 				// Blocked on a read of stdin, which nothing can interrupt:
