@@ -42,27 +42,28 @@ func TestStopEscalation(t *testing.T) {
 				return nil
 			})}
 		},
-		qmp: func(*fakeQEMU) []qmptest.Step { return nil }, // any QMP command fails the test
+		// The disks flushed first (flushDisks), then no other QMP command.
+		qmp: func(*fakeQEMU) []qmptest.Step { return flushSteps() },
 	}, {
 		name: "power button",
 		qmp: func(q *fakeQEMU) []qmptest.Step {
-			return []qmptest.Step{qmptest.Expect("system_powerdown").CheckArgs(func(args json.RawMessage) error {
+			return append(flushSteps(), qmptest.Expect("system_powerdown").CheckArgs(func(args json.RawMessage) error {
 				q.exit()
 				return powerdown(args)
-			})}
+			}))
 		},
 	}, {
 		name: "quit after an ignored power button",
 		qmp: func(q *fakeQEMU) []qmptest.Step {
-			return []qmptest.Step{
+			return append(flushSteps(),
 				qmptest.Expect("system_powerdown").CheckArgs(powerdown),
 				qmptest.Expect("quit").CheckArgs(func(json.RawMessage) error { q.exit(); return nil }),
-			}
+			)
 		},
 	}, {
 		name: "SIGKILL after an ignored quit",
 		qmp: func(*fakeQEMU) []qmptest.Step {
-			return []qmptest.Step{qmptest.Expect("system_powerdown"), qmptest.Expect("quit")}
+			return append(flushSteps(), qmptest.Expect("system_powerdown"), qmptest.Expect("quit"))
 		},
 		wantSigs: []syscall.Signal{syscall.SIGKILL},
 	}, {
@@ -105,6 +106,12 @@ func TestStopEscalation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// flushSteps is what Stop asks of QMP first: a pause and a resume, whose
+// vm_stop flushes every disk (flushDisks).
+func flushSteps() []qmptest.Step {
+	return []qmptest.Step{qmptest.Expect("stop"), qmptest.Expect("cont")}
 }
 
 // A forced stop kills at once: no agent, no QMP.
