@@ -305,8 +305,8 @@ func (d *Driver) agentShutdown(ctx context.Context, m *vmfork.Machine) error {
 
 // flushDisks makes QEMU write out what it holds of m's disks, by stopping
 // its vCPUs (vm_stop flushes every block device) and letting them run on.
-// Why: QEMU 7.2 started with -incoming (every fork child, a resumed,
-// rewound or started machine) segfaults while its guest powers off (the
+// Why: QEMU 7.2 started with -incoming (every fork child, a resumed or
+// rewound machine) segfaults while its guest powers off (the
 // kernel logs "segfault at 8"), so it never reaches the flush of its exit
 // path, and qcow2 metadata of writes the guest made but did not flush is
 // lost: the guest read them back and QEMU had them, yet the image does not.
