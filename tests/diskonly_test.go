@@ -196,6 +196,19 @@ func TestForkDiskOnly(t *testing.T) {
 	if got := readDev("src", scratch); got != "SCRATCH-SRC" {
 		t.Errorf("the source's fresh disk reads %q, want SCRATCH-SRC", got)
 	}
+	// The view the children booted from is a clean file system: the
+	// freeze left it consistent (e2fsck on the host, read-only, of the
+	// template's frozen boot disk, flattened).
+	raw := filepath.Join(dir, "frozen.raw")
+	frozen := filepath.Join(e.stateDir, "templates", res.Template, "disk.qcow2")
+	if out, err := exec.Command("qemu-img", "convert", "-U", "-O", "raw", frozen, raw).CombinedOutput(); err != nil {
+		t.Fatalf("flatten the frozen disk %s: %v: %s", frozen, err, out)
+	}
+	if out, err := exec.Command("e2fsck", "-fn", raw).CombinedOutput(); err != nil {
+		t.Errorf("e2fsck -fn of the disk-only fork's frozen disk: %v\n%s", err, out)
+	} else {
+		t.Logf("e2fsck of the frozen disk: clean")
+	}
 	if os.Getenv("VMFORK_DISKONLY_COMPARE") != "" {
 		// For docs/BENCHMARKS.md, off in CI: a live fork of the same
 		// source, its pause and the ticker's longest gap.
