@@ -137,6 +137,9 @@ var forkServeCommand = &cli.Command{
 		// A write to a session whose link died must fail (and the children
 		// be removed), not kill vmfork with SIGPIPE half-way.
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+		// Nor may a hang-up from sshd as the session goes end it before it
+		// has undone its children and given up the pushed template.
+		signal.Ignore(syscall.SIGHUP)
 		return run(cliCtx, func(v verb) error {
 			_, err := v.mg.ServeFork(v.ctx, req, os.Stdin, os.Stdout, cliCtx.Duration("idle-timeout"))
 			return err
