@@ -86,6 +86,29 @@ func checkBootDiskNotBlock(path string) error {
 	return nil
 }
 
+// BlockDisker is the optional driver capability to run extra disks on
+// block devices: QEMU must open them with its host_device driver, and the
+// libvirt driver's domains describe every disk as a file.
+type BlockDisker interface {
+	BlockDisks() bool
+}
+
+// checkBlockDiskSupport refuses, before anything changes, an extra disk of
+// s on a block device when this manager's driver cannot run one
+// (BlockDisker).
+func (mg *Manager) checkBlockDiskSupport(s Spec) error {
+	bd, _ := mg.Driver.(BlockDisker)
+	if bd != nil && bd.BlockDisks() {
+		return nil
+	}
+	for _, d := range s.Disks {
+		if overlay.IsBlockDevice(d.File) {
+			return fmt.Errorf("driver %q cannot run disk %q on block device %s (see %s): %w", mg.Driver.Name(), d.ID, d.File, BlockDisksDoc, ErrInvalid)
+		}
+	}
+	return nil
+}
+
 // checkBlockDisksFree refuses a boot whose block disk another machine of
 // the store has (written in place, or the base of its overlays), that a
 // template kept after its source went holds frozen, or that the spec

@@ -611,13 +611,6 @@ type MultiDisker interface {
 	BootsDisks() bool
 }
 
-// BlockDisker is the optional driver capability to run extra disks on
-// block devices (blockdisk.go): QEMU must open them with its host_device
-// driver, and the libvirt driver's domains describe every disk as a file.
-type BlockDisker interface {
-	BlockDisks() bool
-}
-
 // checkDiskSupport refuses, before anything changes, extra disks or a
 // policy this manager's driver cannot honour.
 func (mg *Manager) checkDiskSupport(s Spec, override map[string]DiskPolicy, boots bool) error {
@@ -632,11 +625,10 @@ func (mg *Manager) checkDiskSupport(s Spec, override map[string]DiskPolicy, boot
 	for _, p := range md.DiskPolicies() {
 		honours[p] = true
 	}
-	bd, _ := mg.Driver.(BlockDisker)
+	if err := mg.checkBlockDiskSupport(s); err != nil {
+		return err
+	}
 	for _, d := range s.Disks {
-		if overlay.IsBlockDevice(d.File) && (bd == nil || !bd.BlockDisks()) {
-			return fmt.Errorf("driver %q cannot run disk %q on block device %s (see %s): %w", mg.Driver.Name(), d.ID, d.File, BlockDisksDoc, ErrInvalid)
-		}
 		p := d.Policy()
 		if o, ok := override[d.ID]; ok {
 			p = o
