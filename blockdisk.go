@@ -255,7 +255,7 @@ type DiskCommit struct {
 // mirror job, then block-job-complete pivoting QEMU onto the device
 // read-write) would leave a running QEMU on a third kind of disk graph that
 // every later freeze (qemudrv/fork.go:prepareExtraDisks) and crash repair
-// (disks.go:repairSourceExtraDisks) would have to know; a stopped machine
+// (journal.go:repairSourceDisk) would have to know; a stopped machine
 // has no graph, and its image locks say no QEMU holds the overlay. A commit
 // cut short is safe to run again: qemu-img commit -b leaves the top intact
 // (-b implies -d), the record still points at it, and the data written to

@@ -724,43 +724,6 @@ func anyIn(files []string, set map[string]bool) bool {
 	return false
 }
 
-// repairSourceExtraDisks does for src's extra disks what repairSourceDisk
-// does for its boot disk: after a freeze into tpl that was cut short, a
-// prepared top on a frozen image that a process holds is the disk's top
-// now, and one nobody holds goes.
-func (mg *Manager) repairSourceExtraDisks(src *Machine, tpl *Template) error {
-	for _, td := range tpl.Disks {
-		cur, ok := src.Paths.Disks[td.ID]
-		if !td.Frozen() || !ok {
-			continue
-		}
-		tops, _ := filepath.Glob(filepath.Join(src.Paths.Dir, "xdisk-"+td.ID+".*qcow2"))
-		for _, top := range tops {
-			if top == cur.File {
-				continue
-			}
-			chain, k, err := overlay.FindLayer(top, td.File)
-			if err != nil || k != 1 || len(chain) < 2 {
-				continue
-			}
-			busy, err := overlay.InUse(top)
-			if err != nil {
-				return err
-			}
-			if !busy {
-				os.Remove(top)
-				continue
-			}
-			src.Paths.Disks[td.ID] = DiskFile{File: top}
-			if err := mg.Store.SaveMachine(src); err != nil {
-				return err
-			}
-			mg.Log.WithField("machine", src.Name).WithField("disk", top).Warn("recorded the disk an interrupted fork had switched the machine to")
-		}
-	}
-	return nil
-}
-
 // DiskInfo is one disk of a machine as DiskList tells it.
 type DiskInfo struct {
 	ID       string     `json:"id"`

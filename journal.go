@@ -238,44 +238,80 @@ func (mg *Manager) repairMachines(ctx context.Context, e journalEntry) (done boo
 	return len(errs) == 0, errors.Join(errs...)
 }
 
-// repairSourceDisk makes src's record name the top image its QEMU writes
-// after a freeze into tpl that was cut short. The freeze prepares the next
-// top (an overlay on tpl's frozen disk) before the pause and switches the
-// source to it inside the pause; the record learns of it only after the
-// freeze returns. A prepared top that a process holds open (QEMU's image
-// lock) is the source's top now; one nobody holds was never switched to and
-// goes. Without this the template's frozen disk, which the record does not
-// know to be under the source, would be collected from under the source.
+// repairSourceDisk makes src's record name the top images its QEMU writes
+// after a freeze into tpl that was cut short, its boot disk's and its extra
+// disks'. The freeze prepares each disk's next top (an overlay on tpl's
+// frozen image) before the pause and switches the source to it inside the
+// pause; the record learns of it only after the freeze returns. Without
+// this the template's frozen images, which the record does not know to be
+// under the source, would be collected from under the source.
 func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
-	if src.Spec.Disk == "" || tpl.Paths.Disk == "" || tpl.ForeignDisk {
-		return nil
-	}
-	tops, _ := filepath.Glob(filepath.Join(filepath.Dir(src.Paths.Disk), "disk*.qcow2"))
-	for _, top := range tops {
-		if top == src.Paths.Disk {
-			continue
-		}
-		chain, k, err := overlay.FindLayer(top, tpl.Paths.Disk)
-		if err != nil || k != 1 || len(chain) < 2 {
-			continue // not an overlay made on this template's disk
-		}
-		busy, err := overlay.InUse(top)
-		if err != nil {
-			return err
-		}
-		if !busy {
-			// Never switched to, or its QEMU is gone: the switch happens
-			// inside the pause, so the guest wrote nothing to it.
-			os.Remove(top)
-			continue
-		}
-		src.Paths.Disk = top
+	record := func(top string) error {
 		if err := mg.Store.SaveMachine(src); err != nil {
 			return err
 		}
 		mg.Log.WithFields(logrus.Fields{"machine": src.Name, "disk": top}).Warn("recorded the disk an interrupted fork had switched the machine to")
+		return nil
 	}
-	return mg.repairSourceExtraDisks(src, tpl)
+	if src.Spec.Disk != "" && tpl.Paths.Disk != "" && !tpl.ForeignDisk {
+		top, err := switchedTop(filepath.Join(filepath.Dir(src.Paths.Disk), "disk*.qcow2"), src.Paths.Disk, tpl.Paths.Disk)
+		if err != nil {
+			return err
+		}
+		if top != "" {
+			src.Paths.Disk = top
+			if err := record(top); err != nil {
+				return err
+			}
+		}
+	}
+	for _, td := range tpl.Disks {
+		cur, ok := src.Paths.Disks[td.ID]
+		if !td.Frozen() || !ok {
+			continue
+		}
+		top, err := switchedTop(filepath.Join(src.Paths.Dir, "xdisk-"+td.ID+".*qcow2"), cur.File, td.File)
+		if err != nil {
+			return err
+		}
+		if top != "" {
+			src.Paths.Disks[td.ID] = DiskFile{File: top}
+			if err := record(top); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// switchedTop returns which of the images matching pattern, other than
+// cur (the top the record names), an interrupted freeze switched a disk
+// to: an overlay directly on frozen that a process holds open (QEMU's
+// image lock); "" when none is. One such overlay that nobody holds was
+// never switched to, or its QEMU is gone: the switch happens inside the
+// pause, so the guest wrote nothing to it, and it is removed.
+func switchedTop(pattern, cur, frozen string) (string, error) {
+	tops, _ := filepath.Glob(pattern)
+	switched := ""
+	for _, top := range tops {
+		if top == cur {
+			continue
+		}
+		chain, k, err := overlay.FindLayer(top, frozen)
+		if err != nil || k != 1 || len(chain) < 2 {
+			continue // not an overlay made on this frozen image
+		}
+		busy, err := overlay.InUse(top)
+		if err != nil {
+			return "", err
+		}
+		if !busy {
+			os.Remove(top)
+			continue
+		}
+		switched = top
+	}
+	return switched, nil
 }
 
 // repairMachine removes machine name if entry e's command made it and did

@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmfork/vmfork/overlay"
 )
 
 // deadPID is a PID no process has (above the kernel's pid_max).
@@ -180,6 +184,100 @@ func TestNewTemplateClearsStaleFiles(t *testing.T) {
 	for _, f := range stale {
 		if pathExists(f) {
 			t.Errorf("%s left for the new template", f)
+		}
+	}
+}
+
+// holdImage takes a shared lock on one of QEMU's image lock bytes of path,
+// as a running QEMU holds its images, until the test ends.
+func holdImage(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	lk := unix.Flock_t{Type: unix.F_RDLCK, Start: 201, Len: 1}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRepairSourceDisk: after a freeze cut short, the repair records the
+// prepared top a QEMU holds as the disk's top, for the boot disk and for
+// an extra disk alike (one function, switchedTop, serves both), removes a
+// prepared top nobody holds, and leaves images on other bases and disks
+// the template did not freeze alone.
+func TestRepairSourceDisk(t *testing.T) {
+	ctx := t.Context()
+	mg, _ := newTestManager(t)
+	src := &Machine{Name: "src", Driver: "fake", State: StateRunning, Paths: mg.Store.MachinePaths("src"),
+		Spec: Spec{Disk: "/base", Disks: []DiskSpec{{ID: "data", File: "/data"}, {ID: "scratch", File: "/scratch", Fork: DiskFresh}}}}
+	if err := mg.Store.CreateMachine(src); err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := mg.Store.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl.Paths.Disk = filepath.Join(tpl.Paths.Dir, "disk.qcow2")
+	tpl.Disks = []TemplateDisk{
+		{ID: "data", Policy: DiskCow, File: templateDiskFile(tpl.Paths.Dir, "data"), Owned: true},
+		{ID: "scratch", Policy: DiskFresh, Size: 1 << 20},
+	}
+	other := filepath.Join(t.TempDir(), "other.qcow2")
+	for _, f := range []string{tpl.Paths.Disk, tpl.Disks[0].File, other} {
+		if err := overlay.CreateEmpty(ctx, 1<<20, f); err != nil {
+			t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
+		}
+	}
+	mk := func(base, top string) string {
+		t.Helper()
+		p := filepath.Join(src.Paths.Dir, top)
+		if err := overlay.Create(ctx, base, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// The record's tops (the images the freeze was about to freeze).
+	src.Paths.Disk = mk(other, "disk.qcow2")
+	src.Paths.Disks = map[string]DiskFile{"data": {File: mk(other, "xdisk-data.qcow2")}, "scratch": {File: mk(other, "xdisk-scratch.qcow2")}}
+	// Prepared tops on the template's frozen images: one a QEMU holds
+	// (switched to), one nobody holds (never switched to).
+	bootHeld, bootIdle := mk(tpl.Paths.Disk, "disk.1.qcow2"), mk(tpl.Paths.Disk, "disk.2.qcow2")
+	dataHeld, dataIdle := mk(tpl.Disks[0].File, "xdisk-data.1.qcow2"), mk(tpl.Disks[0].File, "xdisk-data.2.qcow2")
+	// Not on the frozen images: none of the repair's business.
+	bootOther, scratchOther := mk(other, "disk.3.qcow2"), mk(other, "xdisk-scratch.1.qcow2")
+	holdImage(t, bootHeld)
+	holdImage(t, dataHeld)
+	holdImage(t, scratchOther)
+
+	if err := mg.repairSourceDisk(src, tpl); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := mg.Store.LoadMachine("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*Machine{src, saved} {
+		if m.Paths.Disk != bootHeld {
+			t.Errorf("boot disk top = %s, want the held prepared top %s", m.Paths.Disk, bootHeld)
+		}
+		if got := m.Paths.Disks["data"]; got != (DiskFile{File: dataHeld}) {
+			t.Errorf("extra disk data = %+v, want the held prepared top %s", got, dataHeld)
+		}
+		if got := m.Paths.Disks["scratch"].File; got != filepath.Join(src.Paths.Dir, "xdisk-scratch.qcow2") {
+			t.Errorf("fresh disk scratch = %s, want it as it was (the template froze nothing of it)", got)
+		}
+	}
+	for _, f := range []string{bootIdle, dataIdle} {
+		if pathExists(f) {
+			t.Errorf("prepared top %s that nobody holds is still there", f)
+		}
+	}
+	for _, f := range []string{bootHeld, dataHeld, bootOther, scratchOther, other} {
+		if !pathExists(f) {
+			t.Errorf("%s was removed, want it left", f)
 		}
 	}
 }
