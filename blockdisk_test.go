@@ -10,34 +10,19 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vmfork/vmfork/internal/testloop"
 	"github.com/vmfork/vmfork/overlay"
 )
 
-// loopDevice makes a loop device on a sparse file of size bytes, detached
-// at the end of the test whatever happens. Loop devices need root and the
-// loop driver: without them the test is skipped, saying which.
+// loopDevice makes a loop device of size bytes, detached at the end of
+// the test (internal/testloop). Loop devices need root and the loop
+// driver: without them the test is skipped, saying which.
 func loopDevice(t *testing.T, size int64) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("making a loop device needs root")
-	}
-	f := filepath.Join(t.TempDir(), "volume.img")
-	if err := os.WriteFile(f, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(f, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", f).CombinedOutput()
+	dev, _, err := testloop.New(t, size)
 	if err != nil {
-		t.Skipf("losetup cannot make a loop device here: %v: %s", err, out)
+		t.Skip(err)
 	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
 	return dev
 }
 
@@ -300,16 +285,7 @@ func TestCommitDisk(t *testing.T) {
 
 func readDev(t *testing.T, dev string, n int) []byte {
 	t.Helper()
-	f, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, n)
-	if _, err := f.ReadAt(b, 0); err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return testloop.Bytes(t, dev, 0, n)
 }
 
 // TestBlockDiskOneMachine: a block device is one machine's (and its

@@ -8,11 +8,11 @@ import (
 	"encoding/json"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/vmfork/vmfork/internal/testloop"
 )
 
 // testLoopDevice makes a loop device on a sparse file of size bytes in a
@@ -27,31 +27,14 @@ func testLoopDevice(t *testing.T, size int64) string {
 
 // loopDevice makes a loop device as testLoopDevice does and also returns
 // its removal, for a caller done with it before the test ends (a crash
-// matrix row); the removal runs once, whichever of the two comes first.
+// matrix row); the removal runs once, whichever of the two comes first
+// (internal/testloop). A host that cannot make one fails the test.
 func loopDevice(t *testing.T, size int64) (string, func()) {
 	t.Helper()
-	f := filepath.Join(t.TempDir(), "volume.img")
-	if err := os.WriteFile(f, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(f, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", f).CombinedOutput()
+	dev, remove, err := testloop.New(t, size)
 	if err != nil {
-		t.Fatalf("losetup cannot make a loop device (root and the loop module are needed; modprobe loop): %v: %s", err, out)
+		t.Fatal(err)
 	}
-	dev := strings.TrimSpace(string(out))
-	var once sync.Once
-	remove := func() {
-		once.Do(func() {
-			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-				t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-			}
-			os.Remove(f)
-		})
-	}
-	t.Cleanup(remove)
 	return dev, remove
 }
 
@@ -80,16 +63,7 @@ func deviceHead(t *testing.T, dev string, n int) string {
 // deviceBytes is n bytes of the device at off, read on the host.
 func deviceBytes(t *testing.T, dev string, off int64, n int) []byte {
 	t.Helper()
-	f, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, n)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return testloop.Bytes(t, dev, off, n)
 }
 
 // TestBlockDisk: a data disk on a loop device is written in place until
