@@ -547,15 +547,6 @@ func extraDiskChains(m *Machine) ([]overlay.Layer, error) {
 	return out, nil
 }
 
-// refuseExtraDisks refuses verb on machine m when it has extra disks: the
-// verbs that do not carry them yet say so in one line.
-func refuseExtraDisks(verb string, m *Machine) error {
-	if len(m.Spec.Disks) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%s %q: machines with more than one disk are not supported by %s yet: %w", verb, m.Name, verb, ErrUnsupported)
-}
-
 // freezeStoppedDisks freezes stopped src's extra disks into t as
 // freezeStopped does the boot disk: each top moves into the template and
 // the source gets a new overlay on it under the old name (no QEMU knows

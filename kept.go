@@ -118,11 +118,6 @@ func (mg *Manager) planKeep(ctx context.Context, verb string, req KeepRequest, l
 	if err != nil {
 		return nil, err
 	}
-	if req.Pool > 0 {
-		if err := refuseExtraDisks(verb+" --pool", src); err != nil {
-			return nil, err
-		}
-	}
 	if err := mg.checkContract(ctx, verb, src.Name, src, req.Contract); err != nil {
 		return nil, err
 	}
@@ -287,9 +282,6 @@ func (mg *Manager) planPool(ctx context.Context, name string, size int, l *lockS
 	if size > 0 {
 		if _, ok := mg.Driver.(Pooler); !ok {
 			return nil, fmt.Errorf("template %q: driver %q has no warm pool: %w", name, mg.Driver.Name(), ErrUnsupported)
-		}
-		if len(p.t.Disks) > 0 {
-			return nil, fmt.Errorf("template %q: warm pools of machines with more than one disk are not supported yet: %w", name, ErrUnsupported)
 		}
 		if !p.t.HasMemory {
 			return nil, fmt.Errorf("template %q holds only a disk and its children boot fresh: no warm pool (use 0): %w", name, ErrInvalid)

@@ -189,6 +189,11 @@ func (mg *Manager) startPoolMember(ctx context.Context, pooler Pooler, t *Templa
 			return fail(err)
 		}
 	}
+	// Its extra disks too, as a child's (QEMU opens them at its start):
+	// the child that claims it takes them with the rest of its files.
+	if err := childDisks(ctx, t, m); err != nil {
+		return fail(err)
+	}
 	if err := pooler.Prestart(ctx, m, t); err != nil {
 		return fail(err)
 	}
@@ -241,7 +246,8 @@ func (mg *Manager) takePool(ctx context.Context, t *Template, n int) []*Machine 
 
 // claimMember makes child c the owner of pool member m ("claim", not
 // "adopt": adopting is taking on a foreign libvirt domain, adopt.go): c
-// takes m's process, files, ports, vmgenid and MAC. c's record is saved
+// takes m's process, files (its extra disks' images among them), ports,
+// vmgenid and MAC. c's record is saved
 // before m's is removed, so a crash in between leaves the process to the
 // journal's repair of c.
 func (mg *Manager) claimMember(c, m *Machine) error {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -17,7 +18,8 @@ import (
 // shared disk reads the same everywhere and takes no writes; the fresh and
 // keep disks are empty in every child, which gets VMFORK_DISK_<ID>=fresh
 // in its hooks' environment, and the source's keep disk keeps its data.
-// Then one fork overrides a policy (--disk-policy data=shared).
+// Then one fork overrides a policy (--disk-policy data=shared), and a kept
+// template's warm pool serves a child with every disk.
 func TestForkDiskPolicies(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	e := newEnv(t)
@@ -120,6 +122,39 @@ func TestForkDiskPolicies(t *testing.T) {
 		t.Errorf("the source's data disk reads %q, want DATA-SRC2", got)
 	}
 	e.ok("rm", "-f", "s1")
+
+	// A kept template's warm pool: its member starts with every disk by
+	// its policy, and the child that takes it reads them as the cold one
+	// does; their cow disks stay their own.
+	e.ok("template", "save", "src", "golden", "--pool", "1")
+	pool := e.poolPIDs()
+	var res forkJSON
+	e.jsonOK(&res, "fork", "golden", "--count", "2")
+	var pooled, cold []string
+	for _, c := range res.Children {
+		if slices.Contains(pool, c.PID) {
+			pooled = append(pooled, c.Name)
+		} else {
+			cold = append(cold, c.Name)
+		}
+		for dev, want := range map[string]string{data: "DATA-SRC2", ro: "SHARED", scratch: "", home: ""} {
+			if got := read(c.Name, dev); got != want {
+				t.Errorf("%s (pool %v) %s reads %q, want %q", c.Name, pool, dev, got, want)
+			}
+		}
+	}
+	if len(pooled) != 1 || len(cold) != 1 {
+		t.Fatalf("children %+v from the pool's processes %v: want one of each", res.Children, pool)
+	}
+	write(pooled[0], data, "DATA-POOLED")
+	if got := read(cold[0], data); got != "DATA-SRC2" {
+		t.Errorf("the cold child's cow disk reads %q after the pooled one wrote to its own, want DATA-SRC2", got)
+	}
+	if got := read(pooled[0], data); got != "DATA-POOLED" {
+		t.Errorf("the pooled child's cow disk reads %q, want its DATA-POOLED", got)
+	}
+	e.ok("rm", "-f", pooled[0], cold[0])
+	e.ok("template", "rm", "golden")
 
 	// A rewind takes every disk back to the checkpoint but the keep disk,
 	// which stays the machine's own as it is.
