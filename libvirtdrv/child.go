@@ -31,11 +31,6 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
-	if t.RAMDelta != nil {
-		// Only the embedded driver makes and applies deltas (vmfork
-		// delta.go); mapping the base alone would lose the delta's pages.
-		return fmt.Errorf("template %q: its RAM is a delta, which the libvirt driver cannot map: %w", t.ID, vmfork.ErrUnsupported)
-	}
 	srcXML, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
@@ -49,9 +44,12 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	// state and copy only its private pages (sharedmem.Plan, Diff). Its
 	// metadata names the template as MappedRAM, which no start hook links.
 	remap := sharedmem.RemapSupported
+	if err := checkDeltaChild(t, remap); err != nil {
+		return err
+	}
 	md := d.metadata(child, t)
 	if remap {
-		md.MappedRAM, md.TemplateRAM = md.TemplateRAM, ""
+		md.MappedRAM, md.TemplateRAM = t.MappedRAM(), ""
 	}
 	def, err := ChildXML(string(srcXML), child, md)
 	if err != nil {
@@ -130,7 +128,7 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 // user): Freeze gave the template RAM file to the user the source's QEMU ran
 // as, and the child's QEMU runs as that user too.
 func reachForChild(child *vmfork.Machine, t *vmfork.Template) error {
-	st, err := os.Stat(t.Paths.RAM)
+	st, err := os.Stat(t.MappedRAM())
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}
@@ -142,7 +140,8 @@ func reachForChild(child *vmfork.Machine, t *vmfork.Template) error {
 }
 
 // mapTemplate remaps the RAM of child's starting QEMU (paused, -incoming
-// defer, its guest never run) privately onto template t's RAM file.
+// defer, its guest never run) privately onto template t's RAM file, or onto
+// a delta template's base with the delta's pages written over it (delta.go).
 func (d *Driver) mapTemplate(ctx context.Context, mon monitor, child *vmfork.Machine, t *vmfork.Template) error {
 	var ram string
 	if err := mon.Execute(ctx, "qom-get", map[string]string{"path": "/objects/" + ramAlias, "property": "mem-path"}, &ram); err != nil {
@@ -152,7 +151,7 @@ func (d *Driver) mapTemplate(ctx context.Context, mon monitor, child *vmfork.Mac
 	if pid == 0 {
 		return fmt.Errorf("machine %q: no QEMU pid in libvirt's run dir", child.Name)
 	}
-	return sharedmem.MapTemplate(ctx, mon, pid, ram, t.Paths.RAM, int64(t.Manifest.MemoryMiB)<<20)
+	return mapTemplateRAM(ctx, mon, pid, ram, t)
 }
 
 // checkChild checks, before anything is loaded, that the child's QEMU maps
@@ -161,8 +160,8 @@ func (d *Driver) mapTemplate(ctx context.Context, mon monitor, child *vmfork.Mac
 // back) and that its guest-visible configuration is the template's.
 func (d *Driver) checkChild(ctx context.Context, dom *libvirt.Domain, mon monitor, child *vmfork.Machine, t *vmfork.Template, remapped bool) error {
 	if remapped {
-		if err := sharedmem.MapsTemplate(qemuPID(d.uri, child.Name), t.Paths.RAM, int64(t.Manifest.MemoryMiB)<<20); err != nil {
-			return fmt.Errorf("guest RAM of %q is not the template's %s: %w", child.Name, t.Paths.RAM, err)
+		if err := sharedmem.MapsTemplate(qemuPID(d.uri, child.Name), t.MappedRAM(), int64(t.Manifest.MemoryMiB)<<20); err != nil {
+			return fmt.Errorf("guest RAM of %q is not the template's %s: %w", child.Name, t.MappedRAM(), err)
 		}
 	} else {
 		var ram string

@@ -60,7 +60,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
-	ram, err := d.prepareRAM(ctx, mon, src, t, prep)
+	ram, err := d.prepareRAM(ctx, mon, src, t, prep, opts.Delta)
 	if err != nil {
 		return fr, fmt.Errorf("prepare RAM: %w", err)
 	}
@@ -71,9 +71,17 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 			Resume:      func(ctx context.Context) error { return resume(ctx, dom) },
 			StillPaused: vmfork.ErrStillPaused,
 		},
-		RAM:      ram,
-		AfterRAM: func(context.Context) error { return grantRAM(t.Paths.RAM, prep.owner) },
-		Paused:   func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
+		RAM: ram,
+		AfterRAM: func(context.Context) error {
+			if ram.Mode == sharedmem.Delta {
+				// No new file for QEMU: the base is the file the
+				// source's QEMU maps already, and only vmfork reads
+				// the delta (delta.go).
+				return nil
+			}
+			return grantRAM(t.Paths.RAM, prep.owner)
+		},
+		Paused: func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
 		// The Manager refuses hibernate on libvirt today; honoured anyway.
 		LeavePaused: opts.LeavePaused,
 	}
@@ -97,8 +105,9 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		t.Manifest.DevStateBytes = fi.Size()
 	}
 	t.Manifest.RAMSharedWithChildren = ram.Mode != sharedmem.Stream
+	recordDelta(t, ram, mon.log)
 	mon.log.WithFields(logrus.Fields{
-		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(),
+		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(), "tracked": ram.Tracked(),
 		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
 		"devstate_format": t.Manifest.DevStateFormat,
 		// What the disk switch cost inside disk_ms, and against how long a
@@ -112,8 +121,10 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 // source keeps the file QEMU opened under libvirt's name for it (libvirt
 // removes that name when the domain stops); with libvirt's RAM directory on
 // another file system than vmfork's mem dir no template can be that file,
-// and the freeze copies it in the pause, saying why.
-func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machine, t *vmfork.Template, prep *freezePrep) (*sharedmem.Plan, error) {
+// and the freeze copies it in the pause, saying why. With delta (a `vmfork
+// fork`, whose children this driver starts) the template may be a delta on
+// the frozen file the source maps (delta.go).
+func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machine, t *vmfork.Template, prep *freezePrep, delta bool) (*sharedmem.Plan, error) {
 	shared, err := sharedmem.QOMShare(ctx, mon, ramAlias)
 	if err != nil {
 		return nil, err
@@ -122,12 +133,16 @@ func (d *Driver) prepareRAM(ctx context.Context, mon monitor, src *vmfork.Machin
 	if pid == 0 {
 		return nil, fmt.Errorf("machine %q: no QEMU pid in libvirt's run dir", src.Name)
 	}
-	p, err := sharedmem.Prepare(ctx, mon, sharedmem.PlanRequest{
+	req := sharedmem.PlanRequest{
 		PID: pid, SizeBytes: int64(src.Spec.MemoryMiB) << 20, Shared: shared && prep.shared,
 		RAM: prep.ram, Own: prep.ram, Template: t.Paths.RAM,
 		Temp:   filepath.Join(filepath.Dir(t.Paths.RAM), "."+t.ID+".ram.tmp"),
 		Suffix: ".ram",
-	})
+	}
+	if delta {
+		allowDelta(&req, src, t)
+	}
+	p, err := sharedmem.Prepare(ctx, mon, req)
 	if err != nil {
 		return nil, fmt.Errorf("machine %q: %w", src.Name, err)
 	}

@@ -15,7 +15,7 @@ import (
 // plan shared with the embedded driver, sharedmem/plan.go): the source
 // domain's RAM file becomes the template with no copy in the pause, the
 // domain stays the same one, and children (remapped onto their template)
-// fork again copying only their private pages.
+// fork again copying only their private pages (into a delta template).
 
 // lvFork forks src into child through libvirt and returns the RAM mode and
 // the bytes copied inside the pause, as the fork's --trace-json reports them.
@@ -113,10 +113,11 @@ func TestLibvirtFlatPause(t *testing.T) {
 	}
 
 	// A fork of the child: it maps its template privately (remapped at its
-	// start), so only the pages it wrote are copied.
+	// start), so only the pages it wrote are copied, into a delta on that
+	// template (delta.go; TestLibvirtDeltaForks).
 	mode, copied, _ = d.lvFork(c1, g1)
-	if mode != "diff" || copied > 40<<20 {
-		t.Errorf("fork of child %s: RAM mode %s, %d bytes copied in the pause; want diff, about the 8 MiB it wrote (never its 256 MiB)", c1, mode, copied)
+	if mode != "delta" || copied > 40<<20 {
+		t.Errorf("fork of child %s: RAM mode %s, %d bytes copied in the pause; want delta, about the 8 MiB it wrote (never its 256 MiB)", c1, mode, copied)
 	}
 	if d.sum(g1, "/run/fill") != c1Fill || d.run(g1, "cat", "/run/gen") != "c1\n" {
 		t.Errorf("%s does not hold its parent %s's memory at the fork", g1, c1)
@@ -126,10 +127,10 @@ func TestLibvirtFlatPause(t *testing.T) {
 	}
 
 	// The source again: its first template is still mapped by c1, so its
-	// private pages go onto a copy made before the pause.
+	// private pages go into a delta on that file.
 	mode, copied, _ = d.lvFork(p, c2)
-	if mode != "diff" || copied > 48<<20 {
-		t.Errorf("second fork of the source: RAM mode %s, %d bytes copied in the pause; want diff, about the 16 MiB written since", mode, copied)
+	if mode != "delta" || copied > 48<<20 {
+		t.Errorf("second fork of the source: RAM mode %s, %d bytes copied in the pause; want delta, about the 16 MiB written since", mode, copied)
 	}
 	if got := domainOf(t, p); got != ident {
 		t.Errorf("the source is another domain or process after its second fork: %s, was %s", got, ident)
