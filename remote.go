@@ -226,6 +226,24 @@ func (mg *Manager) session(ctx context.Context, req TransferRequest, fn func(ctx
 	return c.in.Load(), c.out.Load(), err
 }
 
+// converse is one push or pull over an SSH session to req's host: hello
+// opens it, side (sendTemplate or receiveTemplate) runs this host's part,
+// and res gets what the receiver made and the bytes that crossed.
+func (mg *Manager) converse(ctx context.Context, req TransferRequest, res *TransferResult, hello transferHello, side func(ctx context.Context, c *wire) (*ReceiveResult, error)) error {
+	var err error
+	res.BytesIn, res.BytesOut, err = mg.session(ctx, req, func(ctx context.Context, c *wire) error {
+		if err := c.sendJSON(hello); err != nil {
+			return err
+		}
+		got, err := side(ctx, c)
+		if got != nil {
+			res.Received = *got
+		}
+		return err
+	})
+	return err
+}
+
 // Push sends kept template req.Name to req.Remote (kept there as
 // Remote.Name, or under its own name).
 func (mg *Manager) Push(ctx context.Context, req TransferRequest) (*TransferResult, error) {
@@ -241,16 +259,10 @@ func (mg *Manager) Push(ctx context.Context, req TransferRequest) (*TransferResu
 		return fail(err)
 	}
 	res := &TransferResult{Op: "push", Host: req.Remote.Dest, Name: m.Template.Name, ID: m.Template.ID, CutMS: m.cutMS}
-	res.BytesIn, res.BytesOut, err = mg.session(ctx, req, func(ctx context.Context, c *wire) error {
-		if err := c.sendJSON(transferHello{Proto: transferProto, Op: "receive", Name: req.Remote.Name}); err != nil {
-			return err
-		}
-		got, err := mg.sendTemplate(ctx, c, m, req.Progress)
-		if got != nil {
-			res.Received = *got
-		}
-		return err
-	})
+	err = mg.converse(ctx, req, res, transferHello{Proto: transferProto, Op: "receive", Name: req.Remote.Name},
+		func(ctx context.Context, c *wire) (*ReceiveResult, error) {
+			return mg.sendTemplate(ctx, c, m, req.Progress)
+		})
 	if err != nil {
 		return fail(err)
 	}
@@ -276,17 +288,10 @@ func (mg *Manager) Pull(ctx context.Context, req TransferRequest) (*TransferResu
 		return fail(fmt.Errorf("template %s is kept as %q here: %w", k.ID, name, ErrExists))
 	}
 	res := &TransferResult{Op: "pull", Host: req.Remote.Dest, Name: req.Remote.Name}
-	var err error
-	res.BytesIn, res.BytesOut, err = mg.session(ctx, req, func(ctx context.Context, c *wire) error {
-		if err := c.sendJSON(transferHello{Proto: transferProto, Op: "send", Name: req.Remote.Name}); err != nil {
-			return err
-		}
-		got, err := mg.receiveTemplate(ctx, c, name, req.Progress)
-		if got != nil {
-			res.Received = *got
-		}
-		return err
-	})
+	err := mg.converse(ctx, req, res, transferHello{Proto: transferProto, Op: "send", Name: req.Remote.Name},
+		func(ctx context.Context, c *wire) (*ReceiveResult, error) {
+			return mg.receiveTemplate(ctx, c, name, req.Progress)
+		})
 	if err != nil {
 		return fail(err)
 	}
