@@ -71,6 +71,9 @@ type TransferRequest struct {
 	// Timeout bounds the whole transfer; zero: none (Idle still applies).
 	Timeout  time.Duration
 	Progress func(done, total int64)
+	// NoCompress: chunks travel raw even where the other side takes zstd
+	// (transfer_codec.go): for a link faster than this host compresses.
+	NoCompress bool
 }
 
 // TransferResult is a push's or pull's outcome. Its JSON form is a
@@ -87,6 +90,10 @@ type TransferResult struct {
 	// all, before ssh's own encryption.
 	BytesOut int64 `json:"bytes_out"`
 	BytesIn  int64 `json:"bytes_in"`
+	// Codec is the compression the two sides agreed for chunks ("zstd"),
+	// absent when they travelled raw; each chunk is compressed only when
+	// that pays.
+	Codec string `json:"codec,omitempty"`
 	// CutMS is the part of Elapsed the sender spent cutting the template
 	// into its chunk store (0 when its chunk map was there; a pull's is
 	// the other host's, not known here).
@@ -198,6 +205,7 @@ func (mg *Manager) session(ctx context.Context, req TransferRequest, fn func(ctx
 	}
 	defer s.kill()
 	c := newWire(s.stdout, s.stdin, req.Remote.Dest)
+	c.noCompress = req.NoCompress
 	idle := req.Idle
 	if idle <= 0 {
 		idle = DefaultTransferIdle
@@ -236,6 +244,7 @@ func (mg *Manager) converse(ctx context.Context, req TransferRequest, res *Trans
 			return err
 		}
 		got, err := side(ctx, c)
+		res.Codec = c.codec
 		if got != nil {
 			res.Received = *got
 		}

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // A template travels between two vmforks over one byte stream (the SSH
@@ -54,6 +56,10 @@ type wire struct {
 	in, out  atomic.Int64
 	lastRead atomic.Int64 // unix nanoseconds
 	peer     string       // names the other side in errors
+	// noCompress: this side offers and takes no compression (--no-compress).
+	noCompress bool
+	// codec is the compression agreed for chunk frames ("" for none).
+	codec string
 }
 
 func newWire(r io.Reader, w io.Writer, peer string) *wire {
@@ -225,11 +231,17 @@ type (
 	}
 	manifestMsg struct {
 		Manifest chunkManifest `json:"manifest"`
+		// Codecs the sender can compress chunk frames with
+		// (transfer_codec.go); an older sender lists none.
+		Codecs []string `json:"codecs,omitempty"`
 	}
 	// wantMsg is the receiver's answer to the manifest: the chunks it
 	// lacks, each with its base.
 	wantMsg struct {
-		Base   string      `json:"base,omitempty"` // the template diffed against
+		Base string `json:"base,omitempty"` // the template diffed against
+		// Codec is the one of the manifest's Codecs the chunk frames may
+		// be compressed with; none: every frame raw.
+		Codec  string      `json:"codec,omitempty"`
 		Chunks []chunkWant `json:"chunks"`
 	}
 	chunkWant struct {
@@ -258,12 +270,24 @@ type ReceiveResult struct {
 // sendTemplate is the sending side: m is the template's manifest. It
 // returns what the receiver made of it.
 func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, progress func(done, total int64)) (*ReceiveResult, error) {
-	if err := c.sendJSON(manifestMsg{Manifest: *m}); err != nil {
+	if err := c.sendJSON(manifestMsg{Manifest: *m, Codecs: c.offeredCodecs()}); err != nil {
 		return nil, err
 	}
 	var want wantMsg
 	if err := c.recvJSON(&want); err != nil {
 		return nil, err // the receiver's refusal: nothing was sent
+	}
+	if err := c.agreeCodec(want.Codec); err != nil {
+		c.sendError(err)
+		return nil, err
+	}
+	z, err := newChunkEncoder(c.codec)
+	if err != nil {
+		c.sendError(err)
+		return nil, err
+	}
+	if z != nil {
+		defer z.Close()
 	}
 	at := m.where()
 	cs := mg.Store.chunkStore()
@@ -282,7 +306,7 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 	frames := make(chan encodedChunk, 4)
 	stop := make(chan struct{})
 	defer close(stop)
-	go encodeChunks(cs, want.Chunks, frames, stop)
+	go encodeChunks(cs, want.Chunks, z, frames, stop)
 	for e := range frames {
 		if err := ctx.Err(); err != nil {
 			c.sendError(err)
@@ -292,7 +316,7 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 			c.sendError(e.err)
 			return nil, e.err
 		}
-		if err := c.send(frameChunk, e.frame, false); err != nil {
+		if err := c.send(e.kind, e.frame, false); err != nil {
 			return nil, err
 		}
 		done += at[e.digest].ref.Len
@@ -312,13 +336,15 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 
 type encodedChunk struct {
 	digest string
+	kind   byte // frameChunk or frameChunkZ
 	frame  []byte
 	err    error
 }
 
 // encodeChunks reads and encodes the wanted chunks, in order, into out
-// (closed at the end, or after the first error) until stop is closed.
-func encodeChunks(cs *chunkStore, want []chunkWant, out chan<- encodedChunk, stop <-chan struct{}) {
+// (closed at the end, or after the first error) until stop is closed,
+// compressing each with z where that pays (z nil: none).
+func encodeChunks(cs *chunkStore, want []chunkWant, z *zstd.Encoder, out chan<- encodedChunk, stop <-chan struct{}) {
 	defer close(out)
 	buf := make([]byte, chunkSize)
 	for _, w := range want {
@@ -331,7 +357,7 @@ func encodeChunks(cs *chunkStore, want []chunkWant, out chan<- encodedChunk, sto
 			if len(w.Pages) > 0 {
 				base = w.Pages
 			}
-			e.frame = encodeChunk(nil, w.Digest, b, base)
+			e.kind, e.frame = compressFrame(z, encodeChunk(nil, w.Digest, b, base))
 		}
 		select {
 		case out <- e:
@@ -424,6 +450,8 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 		return nil, err
 	}
 	defer b.abort()
+	want.Codec = c.acceptCodec(msg.Codecs)
+	c.codec = want.Codec
 	if err := c.sendJSON(want); err != nil {
 		return nil, err
 	}
@@ -529,7 +557,14 @@ func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, wa
 		pending[w.Digest] = true
 		total += at[w.Digest].ref.Len
 	}
-	out, bbuf := make([]byte, chunkSize), make([]byte, chunkSize)
+	out, bbuf, zbuf := make([]byte, chunkSize), make([]byte, chunkSize), make([]byte, 0, chunkBodyMax)
+	dec, err := newChunkDecoder(c.codec)
+	if err != nil {
+		return err
+	}
+	if dec != nil {
+		defer dec.Close()
+	}
 	// Frames are read ahead while the last one is checked and written.
 	type frameIn struct {
 		kind    byte
@@ -568,7 +603,7 @@ func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, wa
 		if kind == frameEnd {
 			break
 		}
-		if kind != frameChunk || len(payload) < 32 {
+		if (kind != frameChunk && kind != frameChunkZ) || len(payload) < 32 {
 			return fmt.Errorf("%s sent frame %q, want a chunk: %w", c.peer, kind, ErrInvalid)
 		}
 		d := hex.EncodeToString(payload[:32])
@@ -582,7 +617,11 @@ func (s *Store) receiveChunks(ctx context.Context, c *wire, m *chunkManifest, wa
 				return err
 			}
 		}
-		b, err := decodeChunk(payload[32:], base, int(a.ref.Len), out)
+		body, err := frameBody(kind, payload[32:], dec, zbuf)
+		var b []byte
+		if err == nil {
+			b, err = decodeChunk(body, base, int(a.ref.Len), out)
+		}
 		if err == nil {
 			if got := sha256Hex(b); got != d {
 				err = fmt.Errorf("sha256 %s", got)

@@ -28,12 +28,14 @@ var transferFlags = []cli.Flag{
 	},
 	&cli.DurationFlag{Name: "idle-timeout", Usage: "give up when HOST sends nothing (not even a keepalive) for this long; vmfork's --timeout bounds the whole transfer", Value: vmfork.DefaultTransferIdle},
 	jsonFlag,
+	// Last: fork --to takes transferFlags[0:3] by place.
+	&cli.BoolFlag{Name: "no-compress", Usage: "send chunks raw: by default a chunk travels zstd-compressed when that saves space and the other host's vmfork takes it (an older one gets raw chunks)"},
 }
 
 func transferRequest(cliCtx *cli.Context, name string, r vmfork.Remote, what string) vmfork.TransferRequest {
 	return vmfork.TransferRequest{
 		Name: name, Remote: r, SSH: cliCtx.String("ssh"), RemoteVmfork: cliCtx.String("remote-vmfork"),
-		Idle: cliCtx.Duration("idle-timeout"), Progress: byteProgress(what),
+		Idle: cliCtx.Duration("idle-timeout"), Progress: byteProgress(what), NoCompress: cliCtx.Bool("no-compress"),
 	}
 }
 
@@ -49,6 +51,9 @@ func printTransfer(res *vmfork.TransferResult) {
 	base := ""
 	if r.Base != "" {
 		base = ", diffed against " + r.Base
+	}
+	if res.Codec != "" {
+		base += ", " + res.Codec + " where it paid"
 	}
 	fmt.Printf("%s: template %s kept as %s (%s) on the receiving host: %d of %d chunks sent%s; %.1f MiB out, %.1f MiB in, of %.1f MiB stored, in %.0f ms\n",
 		res.Op, res.Name, r.Name, r.ID, r.ChunksSent, r.Chunks, base, mib(res.BytesOut), mib(res.BytesIn), mib(r.Stored), res.Elapsed)
@@ -68,7 +73,9 @@ as "template import" does (driver, QEMU version, machine type, CPU model and
 flags, RAM size, devices): a mismatch is refused naming the field, before
 any chunk travels. HOST then asks only for the chunks it lacks, and for each
 sends the page hashes of its own chunk at the same place in its closest
-template, so only the 4 KiB pages that differ travel. HOST checks every
+template, so only the 4 KiB pages that differ travel, each chunk's pages
+zstd-compressed when that pays (--no-compress: raw; a HOST whose vmfork
+predates compression gets raw chunks). HOST checks every
 chunk's sha256 on arrival (a bad one is refused, naming it) and the template
 appears there only once complete. Progress goes to stderr.
 
