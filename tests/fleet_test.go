@@ -187,3 +187,163 @@ func TestAnsibleFleet(t *testing.T) {
 		t.Errorf("second run: %d children returned, %d running, want 10", len(res.Children), len(on(a))+len(on(b)))
 	}
 }
+
+// forkToPlaybook pushes golden to host B, forks src's instant onto B and
+// pulls golden back from B under another name, with the modules' --to and
+// push/pull modes, from host A's namespace; it writes what each returned.
+const forkToPlaybook = `
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  vars:
+    here: &here
+      binary: "{{ vmfork_bin }}"
+      state_dir: "{{ vmfork_state }}"
+      mem_dir: "{{ vmfork_mem }}"
+      ssh: "ssh -F {{ ssh_config }}"
+      remote_binary: "{{ vmfork_bin }}"
+      timeout: 600
+  tasks:
+    - name: Give B golden
+      vmfork.vmfork.vmfork_push:
+        <<: *here
+        name: golden
+        to: "{{ host_b }}"
+      register: pushed
+    - name: Fork src onto B
+      vmfork.vmfork.vmfork_fork:
+        <<: *here
+        parent: src
+        names: [far-1]
+        hostname: "far{n}"
+        to: "{{ host_b }}"
+      register: far
+    - name: Fetch golden back from B as golden-back
+      vmfork.vmfork.vmfork_push:
+        <<: *here
+        name: golden-back
+        from: "{{ host_b }}:golden"
+      register: pulled
+    - name: What the modules returned, for the test
+      ansible.builtin.copy:
+        dest: "{{ playbook_dir }}/out.json"
+        content: "{{ {'pushed': pushed, 'far': far, 'pulled': pulled} | to_json }}"
+      changed_when: false
+`
+
+type moduleOut struct {
+	Changed  bool `json:"changed"`
+	Held     bool `json:"held"`
+	Transfer *struct {
+		Op       string `json:"op"`
+		Received struct {
+			ChunksSent int `json:"chunks_sent"`
+			Chunks     int `json:"chunks"`
+		} `json:"received"`
+	} `json:"transfer"`
+	Children []struct {
+		Name     string `json:"name"`
+		Host     string `json:"host"`
+		Created  bool   `json:"created"`
+		Hostname string `json:"hostname"`
+		PID      int    `json:"pid"`
+	} `json:"children"`
+}
+
+// TestAnsibleForkToAndPull (issue 24, item 3: the modules learn --to and
+// push/pull): on the two rig hosts, a playbook on host A pushes golden to B
+// (vmfork_push to:), forks src onto B (vmfork_fork to:, vmfork fork --to)
+// and pulls golden back as golden-back (vmfork_push from:, which sends no
+// chunk: A has them all). A second run changes nothing: B holds golden, the
+// child exists there (same QEMU), A holds golden-back.
+func TestAnsibleForkToAndPull(t *testing.T) {
+	parallel(t) // self-contained (tests/doc.go, "Parallel")
+	r := newHostRig(t)
+	a, b := r.hosts[0], r.hosts[1]
+	a.boot("src", "--memory", "128M")
+	a.ok("template", "save", "src", "golden")
+	an := newAnsible(t, a.env)
+	an.vars["ssh_config"], an.vars["host_b"] = r.sshCF, b.addr
+	vars, _ := json.Marshal(an.vars)
+	if err := os.WriteFile(filepath.Join(an.dir, "vars.json"), vars, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(an.dir, "forkto.yml"), []byte(forkToPlaybook), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	play := func(what string) (recap, map[string]moduleOut) {
+		t.Helper()
+		os.Remove(filepath.Join(an.dir, "out.json"))
+		ctx, cancel := context.WithTimeout(t.Context(), playbookTimeout)
+		defer cancel()
+		// In A's namespace: the only place B is reached from.
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", a.ns, "ansible-playbook", "-i", "localhost,",
+			"-e", "@"+filepath.Join(an.dir, "vars.json"), filepath.Join(an.dir, "forkto.yml"))
+		cmd.Dir = an.dir
+		cmd.WaitDelay = 10 * time.Second
+		cmd.Env = an.environ()
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		t.Logf("%s run: %.1f s", what, time.Since(start).Seconds())
+		var rc recap
+		if m := recapLine.FindStringSubmatch(string(out)); m != nil {
+			n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+			rc = recap{ok: n(2), changed: n(3), unreachable: n(4), failed: n(5)}
+		}
+		res := map[string]moduleOut{}
+		data, rerr := os.ReadFile(filepath.Join(an.dir, "out.json"))
+		if err != nil || rerr != nil || json.Unmarshal(data, &res) != nil {
+			t.Fatalf("%s run: %v (out.json: %v)\n%s", what, err, rerr, tail(string(out), 80))
+		}
+		return rc, res
+	}
+
+	rc, res := play("first")
+	if rc.failed != 0 || rc.changed != 3 {
+		t.Errorf("first run: %+v, want changed=3 (push, fork --to, pull)", rc)
+	}
+	if p := res["pushed"]; !p.Changed || p.Held || p.Transfer == nil || p.Transfer.Op != "push" {
+		t.Errorf("first run: push %+v, want a push (B did not hold golden)", p)
+	}
+	far := res["far"].Children
+	if len(far) != 1 || far[0].Name != "far-1" || far[0].Host != b.addr || !far[0].Created || far[0].Hostname != "far1" {
+		t.Fatalf("first run: fork --to returned %+v, want far-1 made on %s as far1", far, b.addr)
+	}
+	var kid machineJSON
+	for _, m := range b.list() {
+		if m.Name == "far-1" {
+			kid = m
+		}
+	}
+	if kid.State != "running" || kid.Parent != "src" || kid.PID != far[0].PID {
+		t.Errorf("far-1 on B: %+v, want running, a child of src, pid %d", kid, far[0].PID)
+	}
+	for _, m := range a.list() {
+		if m.Name == "far-1" {
+			t.Errorf("far-1 is a machine of A too")
+		}
+	}
+	if p := res["pulled"]; !p.Changed || p.Transfer == nil || p.Transfer.Op != "pull" || p.Transfer.Received.ChunksSent != 0 {
+		t.Errorf("first run: pull %+v, want a pull that sends no chunk (A has golden's)", p)
+	}
+	templateID(t, a.env, "golden-back")
+
+	rc, res = play("second")
+	if rc.failed != 0 || rc.changed != 0 || rc.ok == 0 {
+		t.Errorf("second run: %+v, want changed=0 failed=0", rc)
+	}
+	if p := res["pushed"]; p.Changed || !p.Held {
+		t.Errorf("second run: push %+v, want none (B holds golden)", p)
+	}
+	if c := res["far"].Children; len(c) != 1 || c[0].Created {
+		t.Errorf("second run: fork --to returned %+v, want far-1 as it was", c)
+	}
+	for _, m := range b.list() {
+		if m.Name == "far-1" && (m.PID != kid.PID || m.State != "running") {
+			t.Errorf("second run: far-1 on B is %+v, want the same QEMU (pid %d) running", m, kid.PID)
+		}
+	}
+	if p := res["pulled"]; p.Changed || !p.Held {
+		t.Errorf("second run: pull %+v, want none (A holds golden-back)", p)
+	}
+}

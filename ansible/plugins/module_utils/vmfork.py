@@ -22,6 +22,7 @@ from contextlib import contextmanager
 
 from ansible.module_utils.basic import missing_required_lib
 from ansible.module_utils.common.yaml import HAS_YAML, yaml_load
+from ansible.module_utils.six.moves import shlex_quote
 
 EXIT_USAGE = 2
 EXIT_PARTIAL = 3
@@ -138,6 +139,46 @@ class Vmfork:
     def fail(self, e, **extra):
         """Fails the task with e's one-line error and exit code."""
         self.module.fail_json(msg=e.msg, rc=e.rc, cmd=' '.join(e.cmd), stdout=e.stdout, stderr=e.stderr, **extra)
+
+
+def remote_argument_spec():
+    """Options of the modules that reach another host over SSH as vmfork
+    does (template push/pull, fork --to): its --ssh, --remote-vmfork and
+    --idle-timeout."""
+    return dict(
+        ssh=dict(type='str', default='ssh'),
+        remote_binary=dict(type='str', default='vmfork'),
+        idle_timeout=dict(type='int'),
+    )
+
+
+def remote_flags(p):
+    """vmfork's flags for the remote options in p (checked: idle_timeout > 0)."""
+    flags = ['--ssh', p['ssh'], '--remote-vmfork', p['remote_binary']]
+    if p['idle_timeout']:
+        flags += ['--idle-timeout', '%ds' % p['idle_timeout']]
+    return flags
+
+
+def run_remote(module, p, host, args, what):
+    """Runs REMOTE_BINARY -q ARGS --json on host over ssh, with the ssh
+    command and remote vmfork of p, as vmfork itself reaches that host, and
+    returns its decoded JSON. what says what was asked, for the error."""
+    args = list(args)
+    at = args.index('--') if '--' in args else len(args)
+    words = [p['remote_binary'], '-q'] + [shlex_quote(a) for a in args[:at] + ['--json'] + args[at:]]
+    cmd = p['ssh'].split() + [host, ' '.join(words)]
+    rc, out, err = module.run_command(cmd)
+    if rc != 0:
+        lines = (err or out or '').strip().splitlines()
+        last = lines[-1] if lines else 'ssh exited %d' % rc
+        if last.startswith('vmfork: '):
+            last = last[len('vmfork: '):]
+        raise VmforkError('%s on %s: %s' % (what, host, last), rc, cmd, out, err)
+    try:
+        return json.loads(out) if out.strip() else None
+    except ValueError:
+        raise VmforkError('%s on %s: no JSON in %r' % (what, host, out.strip()[:200]), rc, cmd, out, err)
 
 
 # --- Spec options: a dict, or the path of a file on the managed host --------

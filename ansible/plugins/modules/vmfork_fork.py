@@ -26,6 +26,11 @@ description:
     parent's contract (unless I(customize) has one) and existing ones are left as they are.
   - A fork where only some children came up fails the task with the CLI's exit code 3 and
     returns the children that did come up; they stay.
+  - With I(to), the children are made on another host (C(vmfork fork --to HOST)). I(parent)'s instant is
+    frozen here (the same pause as a local fork; a kept template is not touched), pushed there (only the
+    chunks that host lacks) and forked there, where each child's identity chain runs. The children are
+    machines of that host. Which exist is asked of that host over ssh (C(REMOTE_BINARY ls --json), with
+    I(ssh) and I(remote_binary)), so a second run forks nothing and freezes nothing.
 options:
   parent:
     description: The running or stopped machine, or the kept template, to fork.
@@ -108,6 +113,26 @@ options:
     description: Kill a child whose identity fails (C(kill)), or keep it with its network link down (C(keep)).
     type: str
     choices: [kill, keep]
+  to:
+    description:
+      - C([USER@]HOST) to fork onto (C(vmfork fork --to)); the children become machines of that host.
+      - I(customize) and I(contract) name files on this host and cannot be used with it (vmfork refuses them);
+        give the identity options one by one.
+      - Check mode forks nothing and plans the missing children without a dry run (C(fork --to) has none).
+      - A machine of a wanted name on that host must be a child of I(parent) (or of its kept template's
+        source), as for a local fork.
+    type: str
+  ssh:
+    description: With I(to), the ssh command and its options, split on spaces (vmfork's C(--ssh)).
+    type: str
+    default: ssh
+  remote_binary:
+    description: With I(to), the command that runs vmfork on that host, as its shell reads it (C(--remote-vmfork)).
+    type: str
+    default: vmfork
+  idle_timeout:
+    description: With I(to), give up when that host sends nothing for this many seconds (C(--idle-timeout)).
+    type: int
   wait_agent:
     description:
       - Check that the guest agent of every child that already existed answers, and fail if one does not.
@@ -188,6 +213,14 @@ EXAMPLES = r'''
           value_from:
             exec: /usr/local/bin/mint-token   # run on the host for each child (VMFORK_NAME, VMFORK_INDEX)
 
+- name: Two children on host2 from web's instant here; a second run forks nothing
+  vmfork.vmfork.vmfork_fork:
+    parent: web
+    names: [web-far-1, web-far-2]
+    to: root@host2
+    ssh: ssh -F /etc/vmfork/ssh_config
+    hostname: "far{n}"
+
 - name: The same contract from a file on the managed host
   vmfork.vmfork.vmfork_fork:
     parent: golden
@@ -212,6 +245,7 @@ children:
     addresses: {description: Its addresses in CIDR form., type: list, elements: str}
     template: {description: The template it was forked from., type: str}
     contract: {description: "Its fork contract as vmfork records it (defaults filled in); absent when it has none.", type: dict}
+    host: {description: "With I(to), the host it runs on, as I(to) names it.", type: str}
     contract_changed: {description: "Whether this task changed (in check mode, would change) the contract of a child that existed, in place.", type: bool}
     pause_ms: {description: How long the parent paused for the fork that made it (0 from a kept template)., type: float}
     running_ms: {description: From the start of its creation until its vCPUs ran., type: float}
@@ -228,7 +262,9 @@ failed_children:
   elements: dict
   sample: [{"name": "web-2", "error": "QEMU exited: ..."}]
 forks:
-  description: The JSON of each C(vmfork fork) run (one, or one per child when an C({n}) hostname must keep its numbering).
+  description:
+    - The JSON of each C(vmfork fork) run (one, or one per child when an C({n}) hostname must keep its numbering).
+    - With I(to), of each C(vmfork fork --to), whose C(fork) is the other host's fork.
   returned: when children were forked
   type: list
   elements: dict
@@ -252,7 +288,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
     EXIT_PARTIAL, Vmfork, VmforkError, common_argument_spec, converge_contract, dry_run_args, load_spec,
-    normalize_contract, spec_file, spec_option_error)
+    normalize_contract, remote_argument_spec, remote_flags, run_remote, spec_file, spec_option_error)
 
 
 def wanted(p):
@@ -279,6 +315,8 @@ def batches(p, missing):
 
 def fork_args(p, names, hostname, customize_file, contract_file):
     args = ['fork']
+    if p['to']:
+        args += ['--to', p['to']] + remote_flags(p)
     if hostname:
         args += ['--hostname', hostname]
     if customize_file:
@@ -336,7 +374,9 @@ def main():
         max_children=dict(type='int'),
         on_identity_failure=dict(type='str', choices=['kill', 'keep']),
         wait_agent=dict(type='bool', default=True),
+        to=dict(type='str'),
     )
+    spec.update(remote_argument_spec())
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
                            mutually_exclusive=[('names', 'count'), ('names', 'prefix')])
     p = module.params
@@ -344,6 +384,13 @@ def main():
         module.fail_json(msg='count must be at least 1, got %d' % p['count'])
     if p['names'] is not None and not p['names']:
         module.fail_json(msg='names must list at least one child')
+    if p['idle_timeout'] is not None and p['idle_timeout'] <= 0:
+        module.fail_json(msg='idle_timeout must be above 0, got %d' % p['idle_timeout'])
+    if p['to']:
+        for opt in ('customize', 'contract'):
+            if p[opt] not in (None, ''):
+                module.fail_json(msg='%s cannot be used with to (vmfork fork --to refuses it: it names a file on this '
+                                     'host); give the identity options one by one' % opt, rc=2)
     for opt in ('customize', 'contract'):
         if spec_option_error(opt, p[opt]):
             module.fail_json(msg=spec_option_error(opt, p[opt]))
@@ -353,6 +400,8 @@ def main():
     want = wanted(p)
     result = dict(changed=False, children=[])
     try:
+        if p['to']:
+            return fork_to(module, vm, p, result, want)
         machines = vm.machines()
         kept = None if p['parent'] in machines else vm.kept(p['parent'])
         kept_id = kept and kept.get('id')
@@ -390,6 +439,61 @@ def main():
         if e.rc == EXIT_PARTIAL:
             extra['msg_detail'] = 'only some children came up; those stay and are listed in children'
         vm.fail(e, **extra)
+    module.exit_json(**result)
+
+
+def fork_to(module, vm, p, result, want):
+    """The children on host p['to']: those there are reported, the missing
+    ones forked with vmfork fork --to (in check mode, planned)."""
+    host = p['to']
+    local = vm.machines()
+    kept = None if p['parent'] in local else vm.kept(p['parent'])
+    if p['parent'] not in local and kept is None:
+        module.fail_json(msg='parent %r is neither a machine nor a kept template here' % p['parent'], rc=4)
+    # The other host's children of a fork --to name the source machine as
+    # their parent (a kept template's source, for a template).
+    parents = (p['parent'], kept.get('source') if kept else None)
+    there = dict((m['name'], m) for m in (run_remote(module, p, host, ['ls'], 'list the machines') or []))
+    existing = [(n, i) for n, i in want if n in there]
+    for n, dummy in existing:
+        if there[n].get('parent') not in parents:
+            module.fail_json(msg='machine %r exists on %s but is not a child of %r (its parent is %r)'
+                                 % (n, host, p['parent'], there[n].get('parent')), rc=2)
+    missing = [(n, i) for n, i in want if n not in there]
+    views = dict((n, dict(view_of_existing(there[n]), host=host)) for n, dummy in existing)
+    key = 'plans' if module.check_mode else 'forks'
+    if missing:
+        result[key] = []
+    for names, hostname in batches(p, missing) if missing else []:
+        args = fork_args(p, names, hostname, None, None)
+        if module.check_mode:
+            result['changed'] = True
+            result[key].append(dict(command='fork --to', host=host, source=p['parent'], children=names))
+            for n in names:
+                views[n] = dict(name=n, created=True, state='planned', host=host, contract_changed=False)
+            continue
+        try:
+            out = vm.run(args)
+        except VmforkError as e:
+            out = e.result if isinstance(e.result, dict) else {}
+            for c in (out.get('fork') or {}).get('children') or []:
+                views[c['name']] = dict(view_of_new(c, out['fork']), host=host, pause_ms=out.get('pause_ms'))
+            result['children'] = [views[n] for n, dummy in want if n in views]
+            result['failed_children'] = (out.get('fork') or {}).get('failed') or []
+            result['forks'].append(out)
+            result['changed'] = bool(len(result['forks']) > 1 or (out.get('fork') or {}).get('children'))
+            raise
+        result['changed'] = True
+        result[key].append(out)
+        for c in (out.get('fork') or {}).get('children') or []:
+            views[c['name']] = dict(view_of_new(c, out['fork']), host=host, pause_ms=out.get('pause_ms'))
+    if p['wait_agent'] and not module.check_mode:
+        for n, dummy in existing:
+            run_remote(module, p, host, ['exec', n, '--', 'true'], 'reach the agent of %s' % n)
+    result['children'] = [views[n] for n, dummy in want if n in views]
+    if module._diff:
+        result['diff'] = dict(before={'children': [n for n, dummy in existing], 'host': host},
+                              after={'children': [n for n, dummy in want], 'host': host})
     module.exit_json(**result)
 
 

@@ -90,12 +90,10 @@ transfer:
            "received": {"name": "golden", "id": "web.1", "chunks": 66, "chunks_sent": 3}}
 '''
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vmfork.vmfork.plugins.module_utils.vmfork import (
-    Vmfork, VmforkError, common_argument_spec, record_change)
+    Vmfork, VmforkError, common_argument_spec, record_change, remote_argument_spec, remote_flags, run_remote)
 
 
 def split_remote(spec, default_name):
@@ -106,17 +104,7 @@ def split_remote(spec, default_name):
 
 def remote_templates(module, p, host):
     """The kept templates of host, asked over ssh as vmfork would reach it."""
-    remote = '%s -q template ls --json' % p['remote_binary']
-    cmd = p['ssh'].split() + [host, remote]
-    rc, out, err = module.run_command(cmd)
-    if rc != 0:
-        lines = (err or out or '').strip().splitlines()
-        raise VmforkError('ask %s which templates it holds: %s' % (host, lines[-1] if lines else 'ssh exited %d' % rc),
-                          rc, cmd, out, err)
-    try:
-        return json.loads(out) or []
-    except ValueError:
-        raise VmforkError('ask %s which templates it holds: no JSON in %r' % (host, out.strip()[:200]), rc, cmd, out, err)
+    return run_remote(module, p, host, ['template', 'ls'], 'ask which templates it holds') or []
 
 
 def main():
@@ -124,10 +112,8 @@ def main():
     spec.update(
         name=dict(type='str', required=True),
         to=dict(type='str'),
-        ssh=dict(type='str', default='ssh'),
-        remote_binary=dict(type='str', default='vmfork'),
-        idle_timeout=dict(type='int'),
     )
+    spec.update(remote_argument_spec())
     spec['from'] = dict(type='str')
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
                            mutually_exclusive=[('to', 'from')], required_one_of=[('to', 'from')])
@@ -136,9 +122,7 @@ def main():
         module.fail_json(msg='idle_timeout must be above 0, got %d' % p['idle_timeout'])
     vm = Vmfork(module)
     name = p['name']
-    flags = ['--ssh', p['ssh'], '--remote-vmfork', p['remote_binary']]
-    if p['idle_timeout']:
-        flags += ['--idle-timeout', '%ds' % p['idle_timeout']]
+    flags = remote_flags(p)
     try:
         if p['to']:
             host, dest = split_remote(p['to'], name)

@@ -13,7 +13,7 @@ import tempfile
 import unittest
 
 from ansible_collections.vmfork.vmfork.plugins.modules import vmfork_fork
-from ansible_collections.vmfork.vmfork.tests.unit.plugins.modules.utils import ModuleTestCase
+from ansible_collections.vmfork.vmfork.tests.unit.plugins.modules.utils import FakeVmfork, ModuleTestCase
 
 NO_EGRESS = {'network': {'egress': 'none'}}
 RECORDED_NO_EGRESS = {'network': {'egress': 'none', 'dns': 'host', 'connections': 'reset'}}
@@ -293,3 +293,70 @@ class TestVmforkForkContract(ModuleTestCase):
 
 if __name__ == '__main__':
     unittest.main()
+
+
+class TestVmforkForkTo(ModuleTestCase):
+    module = vmfork_fork
+
+    def setUp(self):
+        super(TestVmforkForkTo, self).setUp()
+        self.fake.add_machine('web')
+        self.other = FakeVmfork()
+        self.fake.remotes['host2'] = self.other
+
+    def test_fork_onto_another_host_once(self):
+        args = dict(parent='web', names=['far-1', 'far-2'], to='root@host2', ssh='ssh -F cf',
+                    remote_binary='/opt/vmfork', hostname='far{n}')
+        res = self.ok(args, check=True, diff=True)
+        self.assertTrue(res['changed'])
+        self.assertEqual([c['state'] for c in res['children']], ['planned', 'planned'])
+        self.assertEqual(res['plans'], [dict(command='fork --to', host='root@host2', source='web',
+                                             children=['far-1', 'far-2'])])
+        self.assertNotIn('fork', self.fake.commands())
+        # Which children exist is asked of host2, as vmfork reaches it.
+        self.assertEqual(self.fake.calls[-1], ['ssh', 'root@host2', '/opt/vmfork -q ls --json'])
+
+        res = self.ok(args)
+        self.assertTrue(res['changed'])
+        fork = [c for c in self.fake.calls if c[0] == 'fork']
+        self.assertEqual(fork, [['fork', '--to', 'root@host2', '--ssh', 'ssh -F cf', '--remote-vmfork', '/opt/vmfork',
+                                 '--hostname', 'far{n}', 'web', 'far-1', 'far-2', '--json']])
+        self.assertEqual([(c['name'], c['host'], c['hostname'], c['created']) for c in res['children']],
+                         [('far-1', 'root@host2', 'far1', True), ('far-2', 'root@host2', 'far2', True)])
+        self.assertEqual(res['children'][0]['pause_ms'], 8.8)
+        self.assertEqual(sorted(self.other.machines), ['far-1', 'far-2'])
+        self.assertNotIn('far-1', self.fake.machines)
+
+        # A second run: both exist there; nothing is frozen or forked, their agents are reached there.
+        for check in (True, False):
+            res = self.ok(args, check=check)
+            self.assertFalse(res['changed'])
+            self.assertEqual([c['created'] for c in res['children']], [False, False])
+        self.assertEqual(self.fake.commands().count('fork'), 1)
+        self.assertIn(['ssh', 'root@host2', '/opt/vmfork -q exec far-1 --json -- true'], self.fake.calls)
+
+        # A third child: only it is forked, with the hostname it would have had.
+        res = self.ok(dict(args, names=['far-1', 'far-2', 'far-3']))
+        self.assertEqual([c['created'] for c in res['children']], [False, False, True])
+        self.assertEqual(res['children'][2]['hostname'], 'far3')
+
+    def test_from_a_kept_template_count_and_prefix(self):
+        self.fake.add_template('golden', 'web')
+        res = self.ok(dict(parent='golden', count=2, to='host2', idle_timeout=30))
+        self.assertEqual([c['name'] for c in res['children']], ['golden-1', 'golden-2'])
+        self.assertEqual(res['children'][0]['pause_ms'], 0)
+        self.assertIn('30s', [c for c in self.fake.calls if c[0] == 'fork'][0])
+        self.assertFalse(self.ok(dict(parent='golden', count=2, to='host2'))['changed'])
+
+    def test_refusals(self):
+        res = self.failed(dict(parent='web', count=1, to='host2', contract={'network': {'egress': 'none'}}))
+        self.assertIn('contract cannot be used with to', res['msg'])
+        res = self.failed(dict(parent='nope', count=1, to='host2'))
+        self.assertEqual(res['rc'], 4)
+        res = self.failed(dict(parent='web', count=1, to='host9'))
+        self.assertIn('list the machines on host9', res['msg'])
+        self.other.add_machine('db')
+        self.other.add_machine('web-1', parent='db', template='db.1')
+        res = self.failed(dict(parent='web', count=1, to='host2'))
+        self.assertIn("exists on host2 but is not a child of 'web'", res['msg'])
+        self.assertNotIn('fork', self.fake.commands())

@@ -84,7 +84,7 @@ class TestVmforkPush(ModuleTestCase):
         res = self.failed(dict(name='nope', to='host2'))
         self.assertEqual(res['msg'], "template 'nope' is not kept on this host: nothing to push")
         res = self.failed(dict(name='golden', to='host9'))
-        self.assertIn('ask host9 which templates it holds', res['msg'])
+        self.assertIn('ask which templates it holds on host9', res['msg'])
         self.assertIn('No route to host', res['msg'])
         res = self.failed(dict(name='golden'))
         self.assertIn('one of the following is required: to, from', res['msg'])

@@ -54,7 +54,7 @@ GLOBAL_FLAGS = ('--state-dir', '--mem-dir', '--connect', '--timeout')
 VALUE_FLAGS = ('--hostname', '--customize', '--identity', '--network', '--parallel', '--max-children',
                '--on-identity-failure', '--address', '--skip-step', '--disk-policy', '--kernel', '--initrd', '--append',
                '--disk', '--memory', '--cpus', '--port', '--pool', '--count', '--prefix', '--contract', '--set',
-               '--ssh', '--remote-vmfork', '--idle-timeout', '--as')
+               '--ssh', '--remote-vmfork', '--idle-timeout', '--as', '--to')
 
 
 class FakeVmfork:
@@ -331,7 +331,29 @@ class FakeVmfork:
             return 4, None, 'exec: machine %r: not found' % pos[0]
         return 0, dict(exit_code=0, signal=0, stdout='', stderr=''), None
 
+    def fork_to(self, flags, pos, multi):
+        """fork --to HOST: the instant goes to HOST as a template that is
+        given up once its children are made there, as vmfork does."""
+        src = pos[0]
+        kept = self.kept(src)
+        if src not in self.machines and not kept:
+            return 4, None, 'fork: machine %r: not found' % src
+        if '--dry-run' in flags or '--customize' in flags or '--contract' in flags:
+            return 2, None, '--dry-run, --customize and --contract cannot be used with --to'
+        other, dummy, err = self.remote(flags['--to'], False)
+        if err:
+            return 1, None, err
+        t = other.add_template('fork-to-%d' % len(self.calls), kept['source'] if kept else src)
+        rest = dict((k, v) for k, v in flags.items() if k not in ('--to', '--ssh', '--remote-vmfork', '--idle-timeout'))
+        rc, res, err = other.cmd_fork(rest, [t['name']] + pos[1:], multi)
+        other.templates.remove(t)
+        doc = dict(host=flags['--to'], source=src, pause_ms=0 if kept else 8.8, fork=res, running_ms=1365.0,
+                   ready_ms=1988.0, push=dict(op='push', bytes_out=3 << 20, received=dict(chunks=75, chunks_sent=29)))
+        return rc, doc, err
+
     def cmd_fork(self, flags, pos, multi):
+        if '--to' in flags:
+            return self.fork_to(flags, pos, multi)
         src, names = pos[0], pos[1:]
         kept = self.kept(src)
         if src not in self.machines and not kept:
