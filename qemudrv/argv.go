@@ -144,12 +144,19 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		add("-device", d.Arg)
 	}
 	if opt.Incoming {
-		// After a load QEMU announces the NIC's configured MAC (the
-		// source's) with RARP frames, and has the guest announce its
-		// addresses (the source's too): on a shared bridge that would
-		// steal the source's traffic. A child announces itself once its
-		// identity chain has given it its own MAC and address.
-		add("-global", "migration.announce-rounds=0")
+		// After a load QEMU announces the NIC's configured MAC with RARP
+		// frames, and has the guest announce its addresses (the
+		// source's): on a shared bridge that would steal the source's
+		// traffic. A child announces itself once its identity chain has
+		// given it its own MAC and address. One round, not none: with
+		// announce-rounds=0 QEMU 7.2's virtio-net frees its announce timer
+		// in post_load and its reset then calls timer_del(NULL), so every
+		// guest power-off or reboot of a loaded machine segfaulted QEMU
+		// before it flushed its disks (docs/RELIABILITY.md). That one
+		// round goes nowhere: Complete holds the backend's link down over
+		// the load (QEMU's RARP) and the NIC's link down from before the
+		// guest runs (the guest's own announcement).
+		add("-global", "migration.announce-rounds="+announceRounds)
 		if opt.DevicesOnly {
 			add(qemustate.DevicesOnlyArgs...)
 		}
@@ -157,6 +164,11 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 	}
 	return a
 }
+
+// announceRounds is QEMU's migration.announce-rounds for a loaded machine
+// (see Argv). Never "0": that crashes QEMU 7.2 at the guest's next
+// virtio-net reset.
+const announceRounds = "1"
 
 func accelArg(accel string) string {
 	if accel == AccelTCG {

@@ -31,9 +31,11 @@ func fakeTemplate(t *testing.T) *vmfork.Template {
 	return tpl
 }
 
-// loadSteps is the device-state load up to its first query-migrate.
+// loadSteps is the device-state load up to its first query-migrate, the
+// backend's link down first (the RARP QEMU sends at the load's end).
 func loadSteps() []qmptest.Step {
 	return []qmptest.Step{
+		qmptest.Expect("set_link").WithArgs(map[string]any{"name": netdevID, "up": false}),
 		qmptest.Expect("getfd").WithArgs(map[string]string{"fdname": devStateFD}).ReceiveFD(func(*os.File) error { return nil }),
 		qmptest.Expect("migrate-incoming").WithArgs(map[string]string{"uri": "fd:" + devStateFD}),
 	}
@@ -43,7 +45,9 @@ func TestComplete(t *testing.T) {
 	q := newFakeQEMU()
 	sock := qmptest.NewServer(t, append(loadSteps(),
 		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
-		// The link stays down until the identity chain has run.
+		// The backend's link up again, the NIC's down: it stays down
+		// until the identity chain has run.
+		qmptest.Expect("set_link").WithArgs(map[string]any{"name": netdevID, "up": true}),
 		qmptest.Expect("set_link").WithArgs(map[string]any{"name": nicID, "up": false}),
 		qmptest.Expect("cont"),
 	)...)
@@ -59,6 +63,23 @@ func TestComplete(t *testing.T) {
 // Every way Complete fails leaves no process of the child: a QEMU that is
 // still there is killed, one that exited is not signalled (its PID may be
 // another process's by now), and the error says which step failed and why.
+// A child without a network has no backend: only its NIC's link is set.
+func TestCompleteNoNetwork(t *testing.T) {
+	q := newFakeQEMU()
+	sock := qmptest.NewServer(t,
+		qmptest.Expect("getfd").WithArgs(map[string]string{"fdname": devStateFD}).ReceiveFD(func(*os.File) error { return nil }),
+		qmptest.Expect("migrate-incoming").WithArgs(map[string]string{"uri": "fd:" + devStateFD}),
+		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
+		qmptest.Expect("set_link").WithArgs(map[string]any{"name": nicID, "up": false}),
+		qmptest.Expect("cont"),
+	)
+	m := fakeMachine(t, "web-1", sock, "")
+	m.Spec.Network = vmfork.Network{Kind: vmfork.NetworkNone}
+	if err := testDriver(t, q).Complete(t.Context(), m, fakeTemplate(t)); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+}
+
 func TestCompleteFailure(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -100,6 +121,7 @@ func TestCompleteFailure(t *testing.T) {
 		steps: func(*fakeQEMU) []qmptest.Step {
 			return append(loadSteps(),
 				qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
+				qmptest.Expect("set_link"),
 				qmptest.Expect("set_link"),
 				qmptest.Expect("cont").Fail(qmp.ClassGenericError, "Failed to get \"write\" lock"))
 		},

@@ -348,6 +348,16 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		return fmt.Errorf("connect to QMP: %w", err)
 	}
 	defer mon.Close()
+	// The one round of RARP frames QEMU sends as the load ends (Argv:
+	// migration.announce-rounds) must not leave this host: the backend's
+	// link is down until the load is over. The NIC's own link would not
+	// do: the load sets it to the source's.
+	backend := netdevArg(m.Spec) != ""
+	if backend {
+		if err := mon.SetLink(ctx, netdevID, false); err != nil {
+			return fmt.Errorf("set backend link down: %w", err)
+		}
+	}
 	if err := qemustate.LoadDeviceState(ctx, mon, devStateFD, t.Paths.DevState, migrationPoll, log); err != nil {
 		// A QEMU that rejects the stream exits: its log says why.
 		time.Sleep(100 * time.Millisecond)
@@ -357,8 +367,19 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		return fmt.Errorf("load device state: %w", err)
 	}
 	vmfork.TraceChildPhase(ctx, m.Name, vmfork.PhaseStateLoaded)
+	// The load has announced (into the backend whose link is down): the
+	// backend goes up again, and with it the NIC's link (QEMU's set_link
+	// on a backend sets its NIC's too), which the next step takes down.
+	if backend {
+		if err := mon.SetLink(ctx, netdevID, true); err != nil {
+			return fmt.Errorf("set backend link up: %w", err)
+		}
+	}
 	// The child wakes with its source's MAC and addresses: keep it off the
-	// network until its identity chain has run (vmfork.LinkSetter).
+	// network until its identity chain has run (vmfork.LinkSetter). The
+	// guest's announcement that the virtio-net announce timer asks for at
+	// the first instant it runs goes out on this downed link, and so
+	// nowhere: QEMU drops what a NIC whose link is down sends.
 	if err := mon.SetLink(ctx, nicID, false); err != nil {
 		return fmt.Errorf("set link down: %w", err)
 	}
