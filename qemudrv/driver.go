@@ -305,11 +305,11 @@ func (d *Driver) agentShutdown(ctx context.Context, m *vmfork.Machine) error {
 
 // flushDisks makes QEMU write out what it holds of m's disks, by stopping
 // its vCPUs (vm_stop flushes every block device) and letting them run on.
-// Why: QEMU 7.2 started with -incoming (every fork child, a resumed or
-// rewound machine) segfaults while its guest powers off (the
-// kernel logs "segfault at 8"), so it never reaches the flush of its exit
-// path, and qcow2 metadata of writes the guest made but did not flush is
-// lost: the guest read them back and QEMU had them, yet the image does not.
+// QEMU's exit path flushes too, but only a QEMU that gets there: QEMU 7.2
+// loaded with migration.announce-rounds=0 segfaulted at the guest's
+// virtio-net reset during its power-off (fixed: Argv, announceRounds), and
+// the qcow2 metadata of writes the guest made but did not flush was lost.
+// Kept as a cheap guard (a few ms) against any crash on that path.
 // Best effort: a machine that cannot be paused is stopped as before.
 func (d *Driver) flushDisks(ctx context.Context, m *vmfork.Machine) {
 	ctx, cancel := context.WithTimeout(ctx, d.StopGrace)
