@@ -21,8 +21,9 @@ import (
 // libvirtd --session (Debian 12 ships no virtqemud), which runs QEMU as the
 // user. `vmfork libvirt setup` puts the session's guest RAM on a tmpfs; the
 // user boots a busybox guest, forks a child that runs on the parent's
-// memory (its QEMU maps the template privately), forks the child, is
-// refused a libvirt network in one line, and removes everything. A second
+// memory (its QEMU maps the template privately), forks the child, saves a
+// kept template and forks it, stops and starts the parent, is refused a
+// libvirt network in one line, and removes everything. A second
 // user's session daemon sees none of the first user's domains. Each daemon
 // the test caused is stopped by the PID in its pid file, and its dirs go
 // with the user's home, on every path.
@@ -129,7 +130,34 @@ func TestLibvirtSession(t *testing.T) {
 		t.Errorf("%s's session lists %q, want its own domains", u.name, out)
 	}
 
-	lvOK("rm", "--force", "grandkid", "kid", "src")
+	// A kept template, a fork of it, and the source stopped and started
+	// again, all through the session daemon.
+	started = time.Now()
+	var saved templateJSON
+	e.jsonOK(&saved, "--connect", uri, "template", "save", "src", "golden")
+	if saved.Name != "golden" || !saved.HasMemory {
+		t.Fatalf("template save under %s = %+v, want golden with memory", uri, saved)
+	}
+	e.jsonOK(&res, "--connect", uri, "fork", "golden", "tkid")
+	if len(res.Children) != 1 || res.Children[0].State != "running" {
+		t.Fatalf("fork of template golden under %s = %+v", uri, res)
+	}
+	if got := strings.TrimSpace(lvOK("exec", "tkid", "--", "cat", "/tmp/mark").stdout); got != "from-parent" {
+		t.Errorf("the template's child reads %q from the saved RAM, want from-parent", got)
+	}
+	lvOK("stop", "src")
+	if m := machineNamed(t, list(), "src"); m.State != "stopped" {
+		t.Errorf("after stop under %s: src is %s, want stopped", uri, m.State)
+	}
+	lvOK("start", "src")
+	if m := machineNamed(t, list(), "src"); m.State != "running" || m.PID <= 0 {
+		t.Errorf("after start under %s: src = %+v, want running with its QEMU's pid", uri, m)
+	}
+	lvOK("exec", "src", "--", "true")
+	t.Logf("template save, a fork of it, stop and start under %s: %.1f s", uri, time.Since(started).Seconds())
+
+	lvOK("rm", "--force", "tkid", "grandkid", "kid", "src")
+	lvOK("template", "rm", "golden")
 	if out := sessionVirsh(t, u, runU, "list", "--all", "--name"); strings.TrimSpace(out) != "" {
 		t.Errorf("after rm %s's session still lists %q", u.name, out)
 	}
