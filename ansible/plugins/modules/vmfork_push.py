@@ -83,10 +83,13 @@ held:
   returned: always
   type: bool
 transfer:
-  description: What C(vmfork template push|pull --json) printed; chunks sent, bytes out and in, elapsed time.
+  description:
+    - What C(vmfork template push|pull --json) printed; chunks sent, bytes out and in, elapsed time, and
+      C(codec) (C(zstd)) when the chunks travelled compressed (both hosts' vmfork take it; each chunk is
+      compressed only where that pays).
   returned: when a template was sent
   type: dict
-  sample: {"op": "push", "name": "golden", "bytes_out": 5242880, "bytes_in": 4096, "elapsed_ms": 812.4,
+  sample: {"op": "push", "name": "golden", "bytes_out": 5242880, "bytes_in": 4096, "codec": "zstd", "elapsed_ms": 812.4,
            "received": {"name": "golden", "id": "web.1", "chunks": 66, "chunks_sent": 3}}
 '''
 
