@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -343,11 +344,12 @@ type encodedChunk struct {
 
 // encodeChunks reads and encodes the wanted chunks, in order, into out
 // (closed at the end, or after the first error) until stop is closed,
-// compressing each with z where that pays (z nil: none).
+// compressing each with z where that pays (z nil: none). Compressed, it
+// runs chunkWorkers chunks at once (zstd is then the sender's bottleneck);
+// the frames still leave in the wanted order.
 func encodeChunks(cs *chunkStore, want []chunkWant, z *zstd.Encoder, out chan<- encodedChunk, stop <-chan struct{}) {
 	defer close(out)
-	buf := make([]byte, chunkSize)
-	for _, w := range want {
+	encode := func(w chunkWant, buf []byte) encodedChunk {
 		// Read as stored, not checked again: the receiver checks every
 		// chunk against the manifest's digest, and refuses a bad one.
 		b, err := readChunkFile(cs.path(w.Digest), buf)
@@ -359,16 +361,63 @@ func encodeChunks(cs *chunkStore, want []chunkWant, z *zstd.Encoder, out chan<- 
 			}
 			e.kind, e.frame = compressFrame(z, encodeChunk(nil, w.Digest, b, base))
 		}
+		return e
+	}
+	workers := 1
+	if z != nil {
+		workers = chunkWorkers
+	}
+	// Each wanted chunk gets a slot that its worker fills; slots are read
+	// in order. A worker never blocks on its slot (buffered), so every
+	// chunk handed out is finished even when the sender has given up.
+	type job struct {
+		w    chunkWant
+		slot chan encodedChunk
+	}
+	jobs, slots := make(chan job), make(chan chan encodedChunk, workers)
+	go func() {
+		defer close(jobs)
+		defer close(slots)
+		for _, w := range want {
+			j := job{w, make(chan encodedChunk, 1)}
+			select {
+			case slots <- j.slot:
+			case <-stop:
+				return
+			}
+			select {
+			case jobs <- j:
+			case <-stop:
+				j.slot <- encodedChunk{digest: w.Digest, err: errors.New("transfer given up")}
+				return
+			}
+		}
+	}()
+	for range workers {
+		go func() {
+			buf := make([]byte, chunkSize)
+			for j := range jobs {
+				j.slot <- encode(j.w, buf)
+			}
+		}()
+	}
+	for slot := range slots {
+		e := <-slot
 		select {
 		case out <- e:
 		case <-stop:
 			return
 		}
-		if err != nil {
+		if e.err != nil {
 			return
 		}
 	}
 }
+
+// chunkWorkers is how many chunks encodeChunks compresses at once: one
+// core compresses text at about 190 MB/s on the 2-core test host
+// (BenchmarkCompressFrame), below a fast link's rate.
+var chunkWorkers = max(1, min(runtime.NumCPU(), 4))
 
 // readChunkFile reads a stored chunk as it is.
 func readChunkFile(path string, buf []byte) ([]byte, error) {

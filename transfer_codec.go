@@ -66,7 +66,7 @@ func newChunkEncoder(codec string) (*zstd.Encoder, error) {
 	if codec != codecZstd {
 		return nil, nil
 	}
-	return zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1),
+	return zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(chunkWorkers),
 		zstd.WithWindowSize(4<<20), zstd.WithEncoderCRC(false))
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -187,4 +188,52 @@ func BenchmarkCompressFrame(b *testing.B) {
 			b.ReportMetric(float64(out)/chunkSize, "ratio")
 		})
 	}
+}
+
+// Compressed chunks are encoded several at once and still leave in the
+// order asked for; a sender that gives up midway stops the encoders.
+func TestEncodeChunksOrder(t *testing.T) {
+	s := newTestStore(t)
+	cs := s.chunkStore()
+	var want []chunkWant
+	for i := range 24 {
+		b := bytes.Repeat([]byte(fmt.Sprintf("chunk %d ", i)), 4096)
+		if i%3 == 0 {
+			rand.Read(b) // some go raw
+		}
+		d := sha256Hex(b)
+		if err := cs.put(d, b); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, chunkWant{Digest: d})
+	}
+	z, _ := newChunkEncoder(codecZstd)
+	out, stop := make(chan encodedChunk), make(chan struct{})
+	go encodeChunks(cs, want, z, out, stop)
+	i, kinds := 0, map[byte]int{}
+	for e := range out {
+		if e.err != nil || e.digest != want[i].Digest || string(e.frame[:32]) != string(must(hex.DecodeString(e.digest))) {
+			t.Fatalf("frame %d: %v, digest %s, want %s", i, e.err, e.digest, want[i].Digest)
+		}
+		kinds[e.kind]++
+		i++
+	}
+	if i != len(want) || kinds[frameChunkZ] == 0 || kinds[frameChunk] == 0 {
+		t.Errorf("%d frames (%v), want %d, some compressed and some raw", i, kinds, len(want))
+	}
+	close(stop)
+	// Given up after the first frame: the channel closes.
+	out, stop = make(chan encodedChunk), make(chan struct{})
+	go encodeChunks(cs, want, z, out, stop)
+	<-out
+	close(stop)
+	for range out {
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
