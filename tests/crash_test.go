@@ -153,6 +153,7 @@ func TestCrashMatrix(t *testing.T) {
 		{name: "start-spawned", fault: vmfork.FaultQEMUSpawned, prep: r.startChild, after: childStillStopped},
 	}
 	cases = append(cases, blockDiskCases()...) // crash_blockdisk_test.go
+	cases = append(cases, xdiskCases()...)     // crash_xdisk_test.go
 	// VMFORK_CRASH_CASES (a regexp on case names) runs some cases only.
 	// make test runs the CI slice: the first case of each fault (a point,
 	// with vmfork or a QEMU killed there); make crash-matrix (more runs)
@@ -449,6 +450,9 @@ func (r *rig) templateSums() map[string]string {
 			filepath.Join(r.stateDir, "templates", tp.ID, "devstate"),
 			filepath.Join(r.stateDir, "templates", tp.ID, "disk.qcow2"),
 		}
+		// Extra disks frozen into the template (disk-<id>.qcow2).
+		xdisks, _ := filepath.Glob(filepath.Join(r.stateDir, "templates", tp.ID, "disk-*.qcow2"))
+		files = append(files, xdisks...)
 		for _, f := range files {
 			if _, err := os.Stat(f); err == nil {
 				sums[f] = fileSHA256(r.t, f)
