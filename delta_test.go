@@ -76,8 +76,17 @@ func TestDeltaTemplateFiles(t *testing.T) {
 		t.Errorf("record after compaction: %+v, %v; want a full template", rec.RAMDelta, err)
 	}
 	b, pages := DeltaPaths(tpl.Paths.RAM)
-	if pathExists(b) || pathExists(pages) {
-		t.Errorf("the delta's files outlived the compaction")
+	if pathExists(pages) {
+		t.Errorf("the delta's file outlived the compaction")
+	}
+	// The base's name stays for the children that map it (their records
+	// name it) until gc finds none.
+	if !pathExists(b) {
+		t.Errorf("compaction removed the base's name that its children's records name")
+	}
+	s.dropCompactedBase(rec)
+	if pathExists(b) {
+		t.Errorf("the base's name outlived the compacted template's last child")
 	}
 
 	// Removal of a delta template takes its files; a lost delta is lost.
@@ -173,5 +182,81 @@ func TestChunkedCompactsDelta(t *testing.T) {
 	rec, lerr := s.LoadTemplate(tpl.ID)
 	if lerr != nil || rec.RAMDelta != nil || !pathExists(tpl.Paths.RAM) {
 		t.Fatalf("after chunked (%v): record %+v (%v), RAM file there %v; want a compacted template", err, rec, lerr, pathExists(tpl.Paths.RAM))
+	}
+}
+
+// A chained delta template: compaction applies the chain oldest first,
+// then the delta; ls reports its kind and depth; removal by id takes the
+// chain's links, found by name.
+func TestDeltaChainTemplateFiles(t *testing.T) {
+	s := newTestStore(t)
+	first, err := s.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(first.Paths.RAM, bytes.Repeat([]byte{'a'}, 4*testPage), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	older := deltaTemplate(t, s, first.Paths.RAM) // page 1 = 'd'
+	tpl := deltaTemplate(t, s, first.Paths.RAM)
+	// tpl's own delta: page 1 = 'e' over the older's, page 2 = 'f'.
+	f, err := os.OpenFile(tpl.RAMDelta.Pages, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(bytes.Repeat([]byte{'e'}, testPage), testPage)
+	f.WriteAt(bytes.Repeat([]byte{'f'}, testPage), 2*testPage)
+	f.Close()
+	// and an oldest link: page 3 = 'd' from the older template's delta.
+	g, _ := os.OpenFile(older.RAMDelta.Pages, os.O_WRONLY, 0)
+	g.WriteAt(bytes.Repeat([]byte{'d'}, testPage), 3*testPage)
+	g.Close()
+	link := tpl.RAMDelta.Pages + ".1"
+	if err := os.Link(older.RAMDelta.Pages, link); err != nil {
+		t.Fatal(err)
+	}
+	tpl.RAMDelta.Chain = []string{link}
+	if err := s.WriteTemplate(tpl); err != nil {
+		t.Fatal(err)
+	}
+	if st := deltaStats(tpl); st.Kind != "delta" || st.Depth != 2 || st.AloneBytes != 2*testPage {
+		t.Errorf("ls of a chain of 2: %+v; want delta, depth 2, its own 2 pages alone", st)
+	}
+	if err := s.RemoveTemplate(older.ID); err != nil {
+		t.Fatal(err)
+	}
+	if TemplateRAMLost(tpl) {
+		t.Error("the chain was lost with the template it came from")
+	}
+	if st := deltaStats(tpl); st.AloneBytes != 4*testPage {
+		t.Errorf("ls after the older template went: %d bytes alone, want its 2 pages and the link's 2", st.AloneBytes)
+	}
+	if err := s.CompactRAM(t.Context(), tpl); err != nil {
+		t.Fatal(err)
+	}
+	want := []byte("aefd")
+	got, err := os.ReadFile(tpl.Paths.RAM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		if got[i*testPage] != w {
+			t.Errorf("compacted page %d = %c, want %c (the chain oldest first, then the delta)", i, got[i*testPage], w)
+		}
+	}
+	if pathExists(link) {
+		t.Errorf("the chain's link outlived the compaction")
+	}
+	if st := deltaStats(tpl); st.Kind != "full" || st.Depth != 0 {
+		t.Errorf("ls after compaction: %+v, want full", st)
+	}
+	tpl2 := deltaTemplate(t, s, tpl.Paths.RAM)
+	l2 := tpl2.RAMDelta.Pages + ".1"
+	os.WriteFile(l2, []byte("x"), 0o400)
+	if err := s.RemoveTemplate(tpl2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if pathExists(l2) {
+		t.Errorf("removing a template left its chain link %s", l2)
 	}
 }

@@ -56,6 +56,10 @@ type FreezeOptions struct {
 	// maps (delta.go), where it would otherwise be copied. Only for a fork
 	// whose children the driver starts itself.
 	Delta bool
+	// Children is how many children the fork starts from the template:
+	// a burst gets a full file they all share rather than a delta each of
+	// them would hold alone (sharedmem.PlanRequest.Children).
+	Children int
 }
 
 // Forker is the optional driver capability to fork machines.

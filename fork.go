@@ -65,6 +65,10 @@ type ForkRequest struct {
 	// CrashConsistent lets a disk-only fork switch the disks without
 	// freezing the guest's filesystems, where its agent cannot.
 	CrashConsistent bool
+	// NoDelta makes the template's RAM one full file where the freeze
+	// would make a delta (delta.go; fork --no-delta): for children that
+	// will be many, or live long after the source wrote on.
+	NoDelta bool
 }
 
 // ForkResult is a fork's outcome. Its JSON form is a contract with scripts.
@@ -160,7 +164,7 @@ func (mg *Manager) applyFork(ctx context.Context, p *forkPlan) (res *ForkResult,
 	switch p.mode {
 	case forkLive:
 		if err = mg.preFork(ctx, src, f.tpl, p.req.Identity); err == nil {
-			err = mg.freezeRunning(ctx, p.forker, src, f.tpl, FreezeOptions{DetachDevices: p.req.DetachDevices, Delta: true})
+			err = mg.freezeRunning(ctx, p.forker, src, f.tpl, FreezeOptions{DetachDevices: p.req.DetachDevices, Delta: !p.req.NoDelta, Children: len(f.children)})
 		}
 	case forkDiskOnly:
 		if fsFrozen, err = mg.freezeDiskOnly(ctx, src, f.tpl, p.req.CrashConsistent); err == nil {

@@ -136,6 +136,9 @@ func (mg *Manager) collectTemplate(ctx context.Context, t *Template, u templateU
 		}
 		return
 	}
+	if u.users[t.ID] == 0 {
+		mg.Store.dropCompactedBase(t)
+	}
 	// A kept template (kept.go) stays until it is given up.
 	if u.users[t.ID] > 0 || t.Name != "" {
 		return

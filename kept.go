@@ -48,9 +48,12 @@ type TemplateStatus struct {
 	// for a delta, what the delta holds: the RAM it holds alone.
 	RAMBytes int64 `json:"ram_bytes"`
 	// RAMDelta says the RAM is a delta on a base file that is another's
-	// (delta.go): always one level deep.
-	RAMDelta bool    `json:"ram_delta,omitempty"`
-	PauseMS  float64 `json:"pause_ms,omitempty"`
+	// (delta.go), applied after Depth-1 others.
+	RAMDelta bool `json:"ram_delta,omitempty"`
+	// What the RAM is made of (full file or delta chain, its depth) and
+	// what the template holds alone; set while it has memory.
+	*DeltaStats
+	PauseMS float64 `json:"pause_ms,omitempty"`
 	// Children counts machines that map the template's RAM now.
 	Children int `json:"children"`
 	PoolSize int `json:"pool_size"`
@@ -420,6 +423,8 @@ func (mg *Manager) templateStatus(ctx context.Context, t *Template, ms []*Machin
 			st.RAMBytes, _ = overlay.AllocatedBytes(t.RAMDelta.Pages)
 			st.RAMDelta = true
 		}
+		ds := deltaStats(t)
+		st.DeltaStats = &ds
 	}
 	for _, m := range ms {
 		if m.Template == t.ID && m.mapsTemplate() {

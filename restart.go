@@ -32,7 +32,7 @@ func TemplateRAMLost(t *Template) bool {
 		return false
 	}
 	if d := t.RAMDelta; d != nil {
-		for _, p := range []string{d.Base, d.Pages} {
+		for _, p := range append([]string{d.Base}, d.Files()...) {
 			if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 				return true
 			}

@@ -35,7 +35,7 @@ const (
 )
 
 // prepareRAM plans, before the pause, how src's RAM becomes t's.
-func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, delta bool, log *logrus.Entry) (*sharedmem.Plan, error) {
+func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *vmfork.Template, opts vmfork.FreezeOptions, log *logrus.Entry) (*sharedmem.Plan, error) {
 	shared, err := sharedmem.QOMShare(ctx, mon, ramID)
 	if err != nil {
 		return nil, err
@@ -46,13 +46,15 @@ func prepareRAM(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 		Temp:   filepath.Join(filepath.Dir(t.Paths.RAM), "."+t.ID+ramSuffix+".tmp"),
 		Suffix: ramSuffix,
 	}
-	if delta {
+	if opts.Delta {
 		// Named after the template, so that its removal, gc and a crashed
 		// fork's repair find them (vmfork.DeltaPaths).
 		req.Base, req.Delta = vmfork.DeltaPaths(t.Paths.RAM)
 		// The machine's write tracking (sharedmem/track.go) lives and
 		// goes with its directory.
 		req.Track = filepath.Join(src.Paths.Dir, ramTrackFile)
+		// This driver's children apply the whole chain (mapTemplate).
+		req.Chain, req.Children = true, opts.Children
 	}
 	p, err := sharedmem.Prepare(ctx, mon, req)
 	if err != nil {
@@ -88,7 +90,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 		return fr, err
 	}
 	defer prep.cleanup()
-	ram, err := prepareRAM(ctx, mon, src, t, opts.Delta, log)
+	ram, err := prepareRAM(ctx, mon, src, t, opts, log)
 	if err != nil {
 		return fr, fmt.Errorf("prepare RAM: %w", err)
 	}
@@ -122,14 +124,14 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 	if ram.Mode == sharedmem.Delta {
 		base, pages := vmfork.DeltaPaths(t.Paths.RAM)
 		held, _ := overlay.AllocatedBytes(pages)
-		t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: held}
+		t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: held, Chain: ram.Chain()}
 	}
 	if ram.TrackErr != nil {
 		log.WithError(ram.TrackErr).Debug("no write tracking: the next delta writes all private pages in the pause")
 	}
 	log.WithFields(logrus.Fields{
 		"template": t.ID, "pause": fr.Pause, "ram_mode": ram.Mode.String(), "tracked": ram.Tracked(),
-		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes,
+		"precopied_bytes": ram.Precopied, "paused_copy_bytes": fr.RAMCopiedBytes, "chain": len(ram.Chain()),
 	}).WithFields(frozen.Phases()).Debug("frozen")
 	return fr, nil
 }
@@ -204,11 +206,11 @@ func mapTemplate(ctx context.Context, mon *qmp.Monitor, pid int, start string, t
 	}
 	defer os.Remove(start)
 	if d := t.RAMDelta; d != nil {
-		st, err := sharedmem.MapTemplateDelta(ctx, mon, pid, start, d.Base, d.Pages, sizeBytes)
+		st, err := sharedmem.MapTemplateChain(ctx, mon, pid, start, d.Base, d.Files(), sizeBytes)
 		if err != nil {
 			return fmt.Errorf("template %q: %w", t.ID, err)
 		}
-		log.WithFields(logrus.Fields{"template": t.ID, "delta_bytes": st.Bytes, "delta_runs": st.Runs, "delta_ms": float64(st.Took.Microseconds()) / 1000}).Debug("delta applied")
+		log.WithFields(logrus.Fields{"template": t.ID, "delta_bytes": st.Bytes, "delta_runs": st.Runs, "delta_depth": d.Depth(), "delta_ms": float64(st.Took.Microseconds()) / 1000}).Debug("delta applied")
 		return nil
 	}
 	return sharedmem.MapTemplate(ctx, mon, pid, start, t.Paths.RAM, sizeBytes)

@@ -10,20 +10,20 @@ package sharedmem
 // pause as before. The frozen file is not copied and the source is not
 // remapped: it goes on mapping the base privately with its private pages.
 //
-// A delta is always one level deep: the base is a full file, never another
-// delta, because the pages a machine holds privately are everything it
-// wrote since it was mapped onto that file. A fork of a child of a delta
-// template is again a delta on the same base (its private pages are the
-// delta's pages plus its own writes). The price is that a source's deltas
-// grow with all it wrote since its base, not since its last fork. The pause
-// writes only the pages written since the last delta where the source's
-// writes are tracked (track.go: the last delta is copied before the pause),
-// else all of them (0.7 ms per MB on the reference host, docs/FLATPAUSE.md).
-// Once the private pages pass maxDeltaShare of the base's data, or the pause
-// would write more than maxDeltaBytes (checked before the pause, with the
-// page-table scans, 0.2 ms per 512 MiB), the freeze makes a full file the
-// old way, which remaps the source onto it and starts its deltas again from
-// there.
+// A delta's base is always a full file, never another delta, because the
+// pages a machine holds privately are everything it wrote since it was
+// mapped onto that file. A fork of a child of a delta template is again a
+// delta on the same base (its private pages are the delta's pages plus its
+// own writes). Where the source's writes are tracked (track.go) and the
+// consumer applies chains (PlanRequest.Chain), a delta holds only what
+// changed since the last one and names the deltas before it (chain.go);
+// otherwise it holds all the private pages, and with tracking starts from
+// the last delta copied before the pause, writing only the pages written
+// since in it. Once the private pages pass the share of the base's data
+// (maxDeltaShare, or the number of children), or the pause would write more
+// than maxDeltaBytes (checked before the pause, with the page-table scans,
+// 0.2 ms per 512 MiB), the freeze makes a full file the old way, which
+// remaps the source onto it and starts its deltas again from there.
 //
 // Children of a delta template map the base privately (MapTemplate) and get
 // the delta's pages written into that mapping before the device state is
@@ -42,12 +42,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxDeltaShare: a freeze makes a delta only while the private pages are at
-// most 1/maxDeltaShare of the base file's data. Above it every child would
-// hold a large private copy and the source's next deltas would repeat it;
-// a full file (copied before the pause) costs the used RAM once and resets
-// the source's private pages.
-const maxDeltaShare = 4
+// maxDeltaShare: a freeze makes a delta only while the private pages
+// (what each child of it holds alone, and writes before it runs) times
+// max(maxDeltaShare, its children) are at most the base file's data; above
+// it, a full file (copied while the source runs, which then starts its
+// deltas again) costs less. Measured (docs/FLATPAUSE.md, "Delta chains"):
+// a child writes the delta at 1.3-1.7 GB/s, the copy before the pause
+// reads 2.3 GB/s, so a single child's whole fork is shorter with the delta
+// while it is under ~0.6 of the base; in memory, N children hold N times
+// the delta against one more base. Chained deltas (chain.go) no longer grow
+// the mem dir with the private pages, which is what kept this at a quarter.
+const maxDeltaShare = 2
 
 // maxDeltaBytes bounds what a delta writes in the pause: about 45 ms on the
 // reference host, against 5-12 ms for the pages written since the last fork
@@ -101,7 +106,7 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 	// the last delta, only the pages written since (track.go).
 	paused := private
 	tr, _ := loadTrack(p.req.Track)
-	prev, armed := tr.armedAt(p.m)
+	prev, chain, armed := tr.armedAt(p.m)
 	if armed {
 		if w, err := writtenRuns(p.m); err == nil {
 			paused = runBytes(w)
@@ -109,7 +114,7 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 			armed = false
 		}
 	}
-	if private*maxDeltaShare > st.Blocks*512 || paused > maxDeltaBytes {
+	if private*int64(max(maxDeltaShare, p.req.Children)) > st.Blocks*512 || paused > maxDeltaBytes {
 		return false, nil
 	}
 	// Linked through /proc/self/fd: the name the mapping shows may be gone
@@ -138,10 +143,29 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("create RAM delta: %w", err)
 	}
 	p.DeltaBase = p.m.Path
-	if armed {
-		// The last delta, copied while the source runs: the pause
-		// writes only what changed since its instant.
-		if n, err := copyFile(ctx, prev, f, st.Size); err == nil {
+	if armed && p.req.Chain && len(chain)+1 < maxDeltaDepth {
+		// A link in the chain (chain.go): the pause writes only what
+		// changed since the last delta's instant, into an empty file.
+		if err := p.linkChain(ctx, append(chain, prev)); err == nil {
+			p.tracked = true
+		} else {
+			p.TrackErr = err
+			p.unlinkChain()
+		}
+	} else if armed {
+		// The last delta (its chain merged into one file), copied while
+		// the source runs: the pause writes only what changed since its
+		// instant, and the new delta stands on the base alone.
+		var n int64
+		var err error
+		for _, c := range append(chain, prev) {
+			var k int64
+			if k, err = copyFile(ctx, c, f, st.Size); err != nil {
+				break
+			}
+			n += k
+		}
+		if err == nil {
 			p.tracked, p.Precopied = true, n
 		} else {
 			p.TrackErr = err
@@ -176,7 +200,13 @@ func (p *Plan) prepareTrack(tr Track) {
 		p.TrackErr = errors.New("write tracking needs root")
 		return
 	}
-	fd, err := registerWP(p.m)
+	// A registration of this QEMU's that went with a replaced mapping
+	// (a remap in place) leaves its descriptor open there: closed now.
+	stale := -1
+	if tr.PID == p.m.PID && tr.UFFD > 0 {
+		stale = tr.UFFD
+	}
+	fd, err := registerWP(p.m, stale)
 	if err != nil {
 		p.TrackErr = err
 		os.Remove(p.req.Track)
@@ -196,7 +226,7 @@ func (p *Plan) armTrack() {
 		return
 	}
 	tr := p.track
-	tr.Pages, tr.PagesInode, tr.PagesCtime = "", 0, 0
+	tr.Pages, tr.PagesInode, tr.PagesCtime, tr.Chain = "", 0, 0, nil
 	if err := saveTrack(p.req.Track, tr); err != nil {
 		p.TrackErr = err
 		return
@@ -211,7 +241,7 @@ func (p *Plan) armTrack() {
 		p.TrackErr = err
 		return
 	}
-	tr.Pages, tr.PagesInode, tr.PagesCtime = p.req.Delta, st.Ino, st.Ctim.Nano()
+	tr.Pages, tr.PagesInode, tr.PagesCtime, tr.Chain = p.req.Delta, st.Ino, st.Ctim.Nano(), p.chain
 	if err := saveTrack(p.req.Track, tr); err != nil {
 		p.TrackErr = err
 	}
@@ -270,7 +300,14 @@ func (p *Plan) inPauseDelta(ctx context.Context) (int64, error) {
 // pages: all of them, or, tracked, the last delta's (already in the file)
 // less those no longer private, with the pages written since over them.
 func (p *Plan) writeDelta(ctx context.Context) (int64, error) {
-	if p.tracked {
+	if p.tracked && p.chain != nil {
+		n, err := p.writeChained(ctx)
+		if err == nil {
+			return n, nil
+		}
+		p.tracked, p.TrackErr = false, err
+		p.unlinkChain()
+	} else if p.tracked {
 		n, err := p.writeTracked(ctx)
 		if err == nil {
 			return n, nil
@@ -371,34 +408,11 @@ func ApplyDelta(ctx context.Context, m Mapping, delta string) (st ApplyStats, er
 		return st, fmt.Errorf("map %s: %w", delta, err)
 	}
 	defer unix.Munmap(mem)
-	const iovMax = 1024
-	local := make([]unix.Iovec, 0, iovMax)
-	remote := make([]unix.RemoteIovec, 0, iovMax)
-	for len(runs) > 0 {
-		if err := ctx.Err(); err != nil {
-			return st, err
-		}
-		k := min(len(runs), iovMax)
-		local, remote = local[:0], remote[:0]
-		var want int64
-		for _, r := range runs[:k] {
-			off, n := r.first*pageSize, r.n*pageSize
-			l := unix.Iovec{Base: &mem[off]}
-			l.SetLen(int(n))
-			local = append(local, l)
-			remote = append(remote, unix.RemoteIovec{Base: m.Start + uintptr(off), Len: int(n)})
-			want += n
-		}
-		got, err := unix.ProcessVMWritev(m.PID, local, remote, 0)
-		if err != nil {
-			return st, fmt.Errorf("write RAM delta into pid %d: %w", m.PID, err)
-		}
-		st.Bytes += int64(got)
-		if int64(got) != want {
-			// A page the child would miss: it must not run.
-			return st, fmt.Errorf("write RAM delta into pid %d: %d of %d bytes", m.PID, got, want)
-		}
-		runs = runs[k:]
+	n, err := moveRuns(ctx, m, mem, runs, true)
+	st.Bytes = n
+	if err != nil {
+		// A page the child would miss: it must not run.
+		return st, fmt.Errorf("write RAM delta into pid %d: %w", m.PID, err)
 	}
 	st.Took = time.Since(start)
 	return st, nil
@@ -407,28 +421,36 @@ func ApplyDelta(ctx context.Context, m Mapping, delta string) (st ApplyStats, er
 // MapTemplateDelta is MapTemplate for a delta template: the child maps the
 // base privately and gets the delta's pages before anything else runs.
 func MapTemplateDelta(ctx context.Context, mon Monitor, pid int, start, base, delta string, sizeBytes int64) (ApplyStats, error) {
-	if err := MapTemplate(ctx, mon, pid, start, base, sizeBytes); err != nil {
-		return ApplyStats{}, err
-	}
+	return MapTemplateChain(ctx, mon, pid, start, base, []string{delta}, sizeBytes)
+}
+
+// baseMapping finds process pid's private mapping of file base.
+func baseMapping(pid int, base string, sizeBytes int64) (Mapping, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(base, &st); err != nil {
-		return ApplyStats{}, fmt.Errorf("apply RAM delta: %w", err)
+		return Mapping{}, fmt.Errorf("apply RAM delta: %w", err)
 	}
 	m, err := FindRAM(pid, sizeBytes, "", st.Ino)
 	if err != nil {
-		return ApplyStats{}, fmt.Errorf("apply RAM delta: %w", err)
+		return Mapping{}, fmt.Errorf("apply RAM delta: %w", err)
 	}
 	if m.Shared {
-		return ApplyStats{}, fmt.Errorf("apply RAM delta: pid %d maps the base %s shared", pid, base)
+		return Mapping{}, fmt.Errorf("apply RAM delta: pid %d maps the base %s shared", pid, base)
 	}
-	return ApplyDelta(ctx, m, delta)
+	return m, nil
 }
 
 // CompactDelta writes base with delta's pages over it into a new full RAM
-// file dst (made read-only and renamed into place only when whole), for
-// what reads a template's RAM as one file (hibernate, export). Neither base
-// nor delta is written. It returns the bytes written.
+// file dst (CompactChain with a chain of one).
 func CompactDelta(ctx context.Context, base, delta, dst string) (int64, error) {
+	return CompactChain(ctx, base, []string{delta}, dst)
+}
+
+// compactFiles writes the data of files, each over the ones before, into
+// a new file dst the size of the first, made read-only and renamed into
+// place only when whole (what reads a template's RAM as one file: export,
+// push, template compact).
+func compactFiles(ctx context.Context, files []string, dst string) (int64, error) {
 	tmp := dst + ".tmp-compact"
 	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
@@ -442,7 +464,7 @@ func CompactDelta(ctx context.Context, base, delta, dst string) (int64, error) {
 		}
 	}()
 	var n int64
-	for i, src := range []string{base, delta} {
+	for i, src := range files {
 		in, err := os.Open(src)
 		if err != nil {
 			return n, fmt.Errorf("compact RAM delta: %w", err)

@@ -61,25 +61,48 @@ func CopyPrivate(ctx context.Context, m Mapping, dst *os.File) (st DiffStats, er
 // pageRun is n pages from page first of a mapping.
 type pageRun struct{ first, n int64 }
 
-// copyRuns copies runs of m into dst at the same offsets. It maps dst and has
-// the kernel copy from the process into that mapping with process_vm_readv,
-// up to IOV_MAX runs per call: the pages a guest writes between two forks are
-// scattered (hundreds of short runs for 2 MB), and a read and a write per run
-// through /proc/PID/mem cost 2-4x as much in the pause (2.7-10 ms against
-// 1.6-2.2 ms for 2 MB on the reference host).
+// copyRuns copies runs of m into dst at the same offsets: it maps dst and
+// has the kernel copy from the process into that mapping (moveRuns).
 func copyRuns(ctx context.Context, m Mapping, dst *os.File, runs []pageRun) (int64, error) {
 	mem, err := unix.Mmap(int(dst.Fd()), m.Offset, int(m.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return 0, fmt.Errorf("map %s: %w", dst.Name(), err)
 	}
 	defer unix.Munmap(mem)
+	copied, err := moveRuns(ctx, m, mem, runs, false)
+	if err != nil {
+		var short shortMove
+		if !errors.As(err, &short) {
+			err = ptraceDenied(m.PID, err)
+		}
+		// A page of the paused process that cannot be read: the template
+		// would miss it.
+		return copied, fmt.Errorf("read guest RAM of pid %d: %w", m.PID, err)
+	}
+	return copied, nil
+}
+
+// shortMove is a process_vm_readv/writev that moved fewer bytes than asked.
+type shortMove struct{ got, want int64 }
+
+func (e shortMove) Error() string { return fmt.Sprintf("%d of %d bytes", e.got, e.want) }
+
+// moveRuns copies runs of pages between mem (a mapping of a file from
+// m.Offset) and the same pages of process m.PID's mapping m: into the
+// process when write, else out of it. The kernel copies up to IOV_MAX runs
+// per call with process_vm_writev/readv: the pages a guest writes between
+// two forks are scattered (hundreds of short runs for 2 MB), and a read and
+// a write per run through /proc/PID/mem cost 2-4x as much (2.7-10 ms
+// against 1.6-2.2 ms for 2 MB on the reference host). Copying fewer bytes
+// than asked is an error (shortMove): a page left out would be a wrong page.
+func moveRuns(ctx context.Context, m Mapping, mem []byte, runs []pageRun, write bool) (int64, error) {
 	const iovMax = 1024
-	local := make([]unix.Iovec, 0, iovMax)
-	remote := make([]unix.RemoteIovec, 0, iovMax)
-	var copied int64
+	local := make([]unix.Iovec, 0, min(len(runs), iovMax))
+	remote := make([]unix.RemoteIovec, 0, min(len(runs), iovMax))
+	var moved int64
 	for len(runs) > 0 {
 		if err := ctx.Err(); err != nil {
-			return copied, err
+			return moved, err
 		}
 		k := min(len(runs), iovMax)
 		local, remote = local[:0], remote[:0]
@@ -89,22 +112,26 @@ func copyRuns(ctx context.Context, m Mapping, dst *os.File, runs []pageRun) (int
 			l := unix.Iovec{Base: &mem[off]}
 			l.SetLen(int(n))
 			local = append(local, l)
-			remote = append(remote, unix.RemoteIovec{Base: uintptr(m.Start) + uintptr(off), Len: int(n)})
+			remote = append(remote, unix.RemoteIovec{Base: m.Start + uintptr(off), Len: int(n)})
 			want += n
 		}
-		got, err := unix.ProcessVMReadv(m.PID, local, remote, 0)
-		if err != nil {
-			return copied, fmt.Errorf("read guest RAM of pid %d: %w", m.PID, ptraceDenied(m.PID, err))
+		var got int
+		var err error
+		if write {
+			got, err = unix.ProcessVMWritev(m.PID, local, remote, 0)
+		} else {
+			got, err = unix.ProcessVMReadv(m.PID, local, remote, 0)
 		}
-		copied += int64(got)
+		if err != nil {
+			return moved, err
+		}
+		moved += int64(got)
 		if int64(got) != want {
-			// A page of the paused process that cannot be read: the
-			// template would miss it.
-			return copied, fmt.Errorf("read guest RAM of pid %d: %d of %d bytes", m.PID, got, want)
+			return moved, shortMove{int64(got), want}
 		}
 		runs = runs[k:]
 	}
-	return copied, nil
+	return moved, nil
 }
 
 // readPrivate calls fn with each run of private pages of m found in the page

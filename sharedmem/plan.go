@@ -106,6 +106,16 @@ type PlanRequest struct {
 	// Track is the file that keeps the state of the source's write
 	// tracking (track.go), in its own directory; "" for none.
 	Track string
+	// Chain allows a tracked delta to hold only the pages changed since
+	// the last delta and name the deltas before it (chain.go; Plan.Chain):
+	// only for a consumer that applies the whole chain. Without it every
+	// delta holds all the source's private pages.
+	Chain bool
+	// Children is how many children will start from the template at
+	// once: a delta is made only while the private pages, which each of
+	// them will hold alone, times max(Children, maxDeltaShare) are at most
+	// the base's data (a burst gets a full file they all share).
+	Children int
 }
 
 // Plan is what a freeze prepared for the source's RAM before the pause.
@@ -138,6 +148,10 @@ type Plan struct {
 	// last delta and the pause writes only the pages written since.
 	tracked bool
 	track   Track
+	// A chained delta's names for the deltas before it (oldest first)
+	// and the pages they hold (chain.go).
+	chain     []string
+	chainHeld pageSet
 }
 
 // Prepare finds how the source's RAM is mapped and prepares, while it runs,
@@ -276,8 +290,13 @@ func removeFD(ctx context.Context, mon Monitor, fdset int) {
 func (p *Plan) InPause(ctx context.Context, w *PauseWindow) (int64, error) {
 	n, err := p.inPause(ctx)
 	if err == nil && p.Mode == Delta {
+		chain := p.chain
 		w.OnFailure(func(context.Context) error {
-			return errors.Join(rmIfAny(p.req.Delta), rmIfAny(p.req.Base))
+			errs := []error{rmIfAny(p.req.Delta), rmIfAny(p.req.Base)}
+			for _, l := range chain {
+				errs = append(errs, rmIfAny(l))
+			}
+			return errors.Join(errs...)
 		})
 	} else if err == nil {
 		w.OnFailure(func(context.Context) error { return os.Remove(p.req.Template) })
@@ -360,6 +379,7 @@ func (p *Plan) Cleanup(ctx context.Context, mon Monitor) {
 	}
 	if p.baseLinked {
 		os.Remove(p.req.Base)
+		p.unlinkChain()
 		p.baseLinked = false
 	}
 }

@@ -35,7 +35,8 @@ func TestMain(m *testing.M) {
 const helperPages = 64
 
 // remapHelper maps path MAP_SHARED and serves commands on stdin:
-// "get N" prints page N's first byte, "set N B" writes byte B there.
+// "get N" prints page N's first byte, "set N B" writes byte B there, "drop
+// N" discards page N.
 func remapHelper(paths string) int {
 	path, other, _ := strings.Cut(paths, ":")
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -67,6 +68,15 @@ func remapHelper(paths string) int {
 			n, _ = strconv.Atoi(w[1])
 			b, _ = strconv.Atoi(w[2])
 			mem[n*pageSize] = byte(b)
+			fmt.Println("ok")
+		case "drop":
+			// What QEMU does to a page the guest gave back: a private
+			// mapping then shows the file again there.
+			n, _ = strconv.Atoi(w[1])
+			if err := unix.Madvise(mem[n*pageSize:(n+1)*pageSize], unix.MADV_DONTNEED); err != nil {
+				fmt.Println("error", err)
+				continue
+			}
 			fmt.Println("ok")
 		}
 	}

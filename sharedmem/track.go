@@ -70,6 +70,10 @@ type Track struct {
 	Pages      string `json:"pages,omitempty"`
 	PagesInode uint64 `json:"pages_inode,omitempty"`
 	PagesCtime int64  `json:"pages_ctime_ns,omitempty"`
+	// Chain is the deltas Pages applies after, oldest first, by the names
+	// Pages' template has for them (chain.go); empty for a delta on the
+	// base alone.
+	Chain []string `json:"chain,omitempty"`
 }
 
 func loadTrack(path string) (Track, bool) {
@@ -102,24 +106,33 @@ func (t Track) registeredFor(m Mapping) bool {
 }
 
 // armedAt reports whether t was armed at the instant of delta file pages
-// (on m's base), so that the pages written since are what differ from it.
-func (t Track) armedAt(m Mapping) (string, bool) {
+// (on m's base, after the deltas of chain), so that the pages written
+// since are what differ from it.
+func (t Track) armedAt(m Mapping) (pages string, chain []string, ok bool) {
 	if !t.registeredFor(m) || t.Pages == "" {
-		return "", false
+		return "", nil, false
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(t.Pages, &st); err != nil || st.Ino != t.PagesInode || st.Ctim.Nano() != t.PagesCtime {
-		return "", false
+		return "", nil, false
 	}
-	return t.Pages, true
+	for _, c := range t.Chain {
+		// The chain's names go with Pages' template, all together.
+		if _, err := os.Stat(c); err != nil {
+			return "", nil, false
+		}
+	}
+	return t.Pages, t.Chain, true
 }
 
 // registerWP makes a userfaultfd in process m.PID and registers m's range
 // for async write-protect, with calls injected into its main thread (which
 // runs no guest code; vCPU threads may run on). It returns QEMU's
-// descriptor. On error the process is left as it was but for a closed
-// descriptor number.
-func registerWP(m Mapping) (int, error) {
+// descriptor. stale, when not -1, is the descriptor of an earlier
+// registration whose mapping went (a remap): it is closed in the process
+// first if it still is a userfaultfd, so that remaps leave none open. On
+// error the process is left as it was but for a closed descriptor number.
+func registerWP(m Mapping, stale int) (int, error) {
 	type result struct {
 		fd  int
 		err error
@@ -127,7 +140,7 @@ func registerWP(m Mapping) (int, error) {
 	rc := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // as Remap: the thread exits with its tracer state
-		fd, err := registerWPLocked(m)
+		fd, err := registerWPLocked(m, stale)
 		rc <- result{fd, err}
 	}()
 	r := <-rc
@@ -137,7 +150,7 @@ func registerWP(m Mapping) (int, error) {
 	return r.fd, nil
 }
 
-func registerWPLocked(m Mapping) (fd int, err error) {
+func registerWPLocked(m Mapping, stale int) (fd int, err error) {
 	t, err := seize(m.PID)
 	if err != nil {
 		return -1, err
@@ -147,6 +160,11 @@ func registerWPLocked(m Mapping) (fd int, err error) {
 			err = errors.Join(err, rerr)
 		}
 	}()
+	if stale >= 0 && isUFFD(m.PID, stale) {
+		// Read while QEMU's main thread is stopped: it cannot have
+		// closed and reused the number in between.
+		t.call(unix.SYS_CLOSE, uintptr(stale))
+	}
 	scratch, err := t.call(unix.SYS_MMAP, 0, trackScratchPageBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uintptr(0), 0)
 	if err == nil && int64(scratch) < 0 && int64(scratch) > -4096 {
 		err = fmt.Errorf("mmap: %w", callErr(scratch))
@@ -179,6 +197,12 @@ func registerWPLocked(m Mapping) (fd int, err error) {
 	}
 	ok = true
 	return fd, nil
+}
+
+// isUFFD reports whether descriptor fd of process pid is a userfaultfd.
+func isUFFD(pid, fd int) bool {
+	l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd))
+	return err == nil && l == "anon_inode:[userfaultfd]"
 }
 
 // pokeCall writes n bytes at p into the process at addr and has the

@@ -54,6 +54,16 @@ vmfork.network, vmfork.hooks, and vmfork.pre-fork-hooks in the source.
        --address 10.0.2.22/24 --address 10.0.2.23/24 --skip-step vmfork.ssh-host-keys
    vmfork fork web -n 2 --customize identity.yaml --identity reproducible
 
+RAM: a source forked before (or a child) already maps a frozen file; its fork
+then makes a delta template: that file plus the pages changed since the last
+fork, chained to the deltas before (template ls: KIND delta/N). Nothing is
+copied, before or in the pause, but what changed. Each child writes the chain
+into its own memory before it runs, and holds those pages alone. The fork
+makes one full file instead (copied while the source runs, which then starts
+its deltas again) when the children would together hold more than half of it
+(--count N times the pages changed since the file was frozen), or with
+--no-delta. "vmfork template compact" makes a delta template full later.
+
 DISKS: every disk of a running source is frozen in the same pause. Each
 extra disk forks by its policy (boot --disk id=ID,file=PATH,fork=POLICY),
 which --disk-policy ID=POLICY overrides for one fork: cow (each child's
@@ -91,6 +101,7 @@ unfrozen, as a power cut would leave them.
 		&cli.StringSliceFlag{Name: "disk-policy", Usage: "fork disk ID this way in this fork, as `ID=POLICY` (cow, shared, fresh, keep); repeatable"},
 		&cli.BoolFlag{Name: "disk-only", Usage: "fork only the disks of a running source: its guest's filesystems are frozen through its agent for the switch, its vCPUs never stop, and the children boot fresh"},
 		&cli.BoolFlag{Name: "crash-consistent", Usage: "with --disk-only, where the guest agent cannot freeze filesystems: switch the disks unfrozen (as if the power went)"},
+		&cli.BoolFlag{Name: "no-delta", Usage: "make the template's RAM one full file the children share, where a delta would be made (RAM above)"},
 		&cli.BoolFlag{Name: "detach-devices", Usage: "when the source's extra devices (boot --device) forbid the fork, unplug them for it and plug them back after; children get none"},
 		&cli.StringFlag{Name: "on-identity-failure", Usage: "kill the child, or keep it with its network link down", DefaultText: "kill"},
 		ttlFlag,
@@ -134,6 +145,7 @@ func forkRequest(cliCtx *cli.Context) (vmfork.ForkRequest, error) {
 		MaxChildren:     cliCtx.Int("max-children"),
 		TTL:             cliCtx.Duration("ttl"),
 		DetachDevices:   cliCtx.Bool("detach-devices"),
+		NoDelta:         cliCtx.Bool("no-delta"),
 		DiskOnly:        cliCtx.Bool("disk-only"),
 		CrashConsistent: cliCtx.Bool("crash-consistent"),
 	}

@@ -32,7 +32,7 @@ of MiB; the pool is refilled at the end of every fork from the template.
    vmfork template ls
    vmfork template pool golden 8
    vmfork template rm golden`,
-	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand, templateExportCommand, templateImportCommand, templatePushCommand, templatePullCommand, templateServeCommand},
+	Subcommands: []*cli.Command{templateSaveCommand, templateLsCommand, templatePoolCommand, templateRmCommand, templateExportCommand, templateImportCommand, templatePushCommand, templatePullCommand, templateServeCommand, templateCompactCommand},
 }
 
 var templateSaveCommand = &cli.Command{
@@ -95,8 +95,12 @@ var templateLsCommand = &cli.Command{
 	Name:  "ls",
 	Usage: "list templates: kept ones, and live forks' that children still map",
 	Description: `For each template: its name if kept, its id, source, guest RAM size, the RAM
-its frozen file holds, how many running children map it, and its warm pool
-(live processes / size).`,
+its frozen file holds (for a delta: its own delta), its KIND (full: one file
+its children share; delta/N: a base file plus N deltas that each child applies
+and holds privately), the RAM it holds ALONE (what removing it would free now:
+a delta that a later fork's chain links is held by both), how many running
+children map it, and its warm pool (live processes / size). "vmfork template
+compact NAME" makes a delta a full file.`,
 	Flags: []cli.Flag{jsonFlag},
 	Action: func(cliCtx *cli.Context) error {
 		return run(cliCtx, func(v verb) error {
@@ -113,9 +117,16 @@ its frozen file holds, how many running children map it, and its warm pool
 // checkpoint is a kept template, so both list the same rows.
 func printTemplates(w io.Writer, ts []vmfork.TemplateStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tID\tSOURCE\tMEMORY\tRAM HELD\tCHILDREN\tPOOL\tCREATED")
+	fmt.Fprintln(tw, "NAME\tID\tSOURCE\tMEMORY\tRAM HELD\tKIND\tALONE\tCHILDREN\tPOOL\tCREATED")
 	for _, t := range ts {
-		held := "-"
+		held, kind, alone := "-", "-", "-"
+		if d := t.DeltaStats; d != nil && !t.RAMLost {
+			kind = d.Kind
+			if d.Depth > 0 {
+				kind = fmt.Sprintf("delta/%d", d.Depth) // deltas a child applies
+			}
+			alone = fmt.Sprintf("%.1f MiB", float64(d.AloneBytes)/(1<<20))
+		}
 		switch {
 		case t.RAMLost:
 			held = "lost" // a host restart took it (vmfork gc gives the name up)
@@ -125,8 +136,8 @@ func printTemplates(w io.Writer, ts []vmfork.TemplateStatus) error {
 				held += " delta" // on another template's file
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
-			held, t.Children, t.Pooled, t.PoolSize, t.Created.Local().Format("2006-01-02 15:04:05"))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d MiB\t%s\t%s\t%s\t%d\t%d/%d\t%s\n", orDash(t.Name), t.ID, t.Source, t.MemoryMiB,
+			held, kind, alone, t.Children, t.Pooled, t.PoolSize, t.Created.Local().Format("2006-01-02 15:04:05"))
 	}
 	return tw.Flush()
 }
@@ -190,6 +201,50 @@ once no child maps its RAM and no other disk builds on its frozen disk.`,
 						fmt.Printf("template %s is no longer kept; its files go once no child maps its RAM and no disk builds on its own\n", name)
 					}
 				})
+			})
+		})
+	},
+}
+
+var templateCompactCommand = &cli.Command{
+	Name:      "compact",
+	Usage:     "make delta template NAME (kept name or id) one full RAM file",
+	ArgsUsage: "NAME",
+	Description: `A fork of a machine that already maps a frozen file (a source forked before,
+or a child) makes a delta template: the frozen file plus the pages changed
+since, as a chain of deltas (template ls: KIND delta/N). Each child of it
+applies the chain and holds those pages privately. compact writes the base
+with the chain over it into one file, outside any pause, under a temporary
+name renamed when whole, and then switches the template to it under its
+lock: the children made after share that file and apply nothing. Children
+already running keep what they map. It costs the used RAM once more in the
+mem dir while the base is held by others (the source, older templates).
+
+vmfork fork decides by itself for a burst (--count N: a full file when N
+children would together hold more than it), and export and push compact
+first. Use compact for a delta template that will serve many children
+later, or before reading its RAM with other tools.
+
+   vmfork template compact web.7
+   vmfork template ls`,
+	Flags: []cli.Flag{jsonFlag},
+	Action: func(cliCtx *cli.Context) error {
+		if cliCtx.NArg() != 1 {
+			return usageError{errors.New("template compact needs a template: vmfork template compact NAME")}
+		}
+		name := cliCtx.Args().First()
+		return run(cliCtx, func(v verb) error {
+			res, err := v.mg.CompactTemplate(v.ctx, name)
+			if err != nil {
+				return err
+			}
+			return v.print(res, func() {
+				if !res.Compacted {
+					fmt.Printf("template %s is a full file already\n", res.Template)
+					return
+				}
+				fmt.Printf("compacted template %s (%d deltas) into a full file: %.1f MiB written in %.0f ms\n",
+					res.Template, res.Depth, float64(res.WrittenBytes)/(1<<20), res.ElapsedMS)
 			})
 		})
 	},
