@@ -69,6 +69,7 @@ func TestDeltaForks(t *testing.T) {
 	const forks = 5
 	sums := map[int]string{} // the file each instant wrote
 	tpls := map[int]string{}
+	tplBytes := map[int]int64{}
 	var deltas int64
 	for i := 1; i <= forks; i++ {
 		n := strconv.Itoa(i)
@@ -82,16 +83,21 @@ func TestDeltaForks(t *testing.T) {
 			t.Errorf("fork 1: RAM mode %s, delta %v; want first, a full file", fz.RAMMode, rec.RAMDelta)
 		case i > 1 && (fz.RAMMode != "delta" || rec.RAMDelta == nil):
 			t.Fatalf("fork %d: RAM mode %s, delta %+v; want a delta", i, fz.RAMMode, rec.RAMDelta)
-		case i > 1 && *fz.PrecopiedBytes > rec.RAMDelta.Bytes:
-			t.Errorf("fork %d: %d bytes copied before the pause; want at most the last delta", i, *fz.PrecopiedBytes)
+		case i > 1 && *fz.PrecopiedBytes != 0:
+			t.Errorf("fork %d: %d bytes copied before the pause; want none (a chained delta starts empty)", i, *fz.PrecopiedBytes)
 		case i > 1:
 			deltas += rec.RAMDelta.Bytes
 			// From the third fork the source's writes are tracked
-			// since the last delta (sharedmem/track.go): the pause
-			// writes only those, less than the delta holds.
-			if i > 2 && *fz.PausedCopyBytes >= rec.RAMDelta.Bytes {
-				t.Errorf("fork %d: %d bytes written in the pause for a delta of %d: the writes since fork %d were not tracked", i, *fz.PausedCopyBytes, rec.RAMDelta.Bytes, i-1)
+			// since the last delta (sharedmem/track.go): each delta
+			// holds only what changed since the one before, which it
+			// names (sharedmem/chain.go), a chain one longer a fork.
+			if rec.RAMDelta.Depth() != i-1 {
+				t.Errorf("fork %d: a chain of %d deltas (%v), want %d", i, rec.RAMDelta.Depth(), rec.RAMDelta.Chain, i-1)
 			}
+			if i > 2 && rec.RAMDelta.Bytes > 2*tplBytes[i-1] {
+				t.Errorf("fork %d: delta of %d bytes after one of %d: it holds more than what changed since", i, rec.RAMDelta.Bytes, tplBytes[i-1])
+			}
+			tplBytes[i] = rec.RAMDelta.Bytes
 			t.Logf("fork %d: delta %d KiB, %d KiB written in the pause, %d KiB before", i, rec.RAMDelta.Bytes>>10, *fz.PausedCopyBytes>>10, *fz.PrecopiedBytes>>10)
 			if _, err := os.Stat(filepath.Join(e.memDir, res.Template+".ram")); !os.IsNotExist(err) {
 				t.Errorf("delta template %s has a full RAM file (%v)", res.Template, err)
@@ -142,6 +148,40 @@ func TestDeltaForks(t *testing.T) {
 		t.Errorf("e3: /run/d3 = %q", got)
 	}
 
+	// template ls names each template's kind and chain; compact makes
+	// a chain one full file, and the child that applied it runs on.
+	var ls []vmfork.TemplateStatus
+	e.jsonOK(&ls, "template", "ls", "--json")
+	for _, st := range ls {
+		if st.ID == tpls[4] && (st.DeltaStats == nil || st.Kind != "delta" || st.Depth != 3) {
+			t.Errorf("template ls: %s is %+v, want a delta of depth 3", st.ID, st.DeltaStats)
+		}
+	}
+	var cres vmfork.CompactResult
+	e.jsonOK(&cres, "template", "compact", tpls[4], "--json")
+	if !cres.Compacted || cres.Depth != 3 {
+		t.Errorf("template compact %s: %+v, want a chain of 3 compacted", tpls[4], cres)
+	}
+	if rec := e.templateRecord(tpls[4]); rec.RAMDelta != nil {
+		t.Errorf("template %s is still a delta after compact", tpls[4])
+	}
+	check("d4", 4)
+
+	// A delta child hibernates and resumes, and is rewound to a
+	// checkpoint (both freeze it into full files: no delta).
+	e.exec("d2", "sh", "-c", "echo 2b > /run/instant")
+	e.ok("hibernate", "d2")
+	e.ok("resume", "d2")
+	if got := e.exec("d2", "cat", "/run/instant"); got != "2b\n" {
+		t.Errorf("d2 after hibernate and resume: /run/instant = %q, want 2b", got)
+	}
+	e.exec("d2", "sh", "-c", "echo 2 > /run/instant")
+	check("d2", 2)
+	e.ok("checkpoint", "d5", "--as", "d5-cp")
+	e.exec("d5", "sh", "-c", "echo changed > /run/instant; rm /run/file-1")
+	e.ok("rewind", "d5", "--to", "d5-cp")
+	check("d5", 5)
+
 	// An export of a delta template compacts it into a full file first:
 	// the archive holds the instant (a fork of its import sees it).
 	archive := filepath.Join(t.TempDir(), "d3.vmt")
@@ -169,5 +209,6 @@ func TestDeltaForks(t *testing.T) {
 	e.counterAdvances("f5")
 	e.counterAdvances("src")
 	e.ok("rm", "e3", "f5", "d2", "d3", "d4", "d5", "src")
+	e.vmfork("template", "rm", "d5-cp") // unless rm took its machine's checkpoints
 	e.assertEmpty()
 }
