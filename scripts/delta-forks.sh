@@ -111,6 +111,16 @@ print("%s templates=%d full=%d used_MiB=%.0f deltas_MiB=%.0f memdir_MiB=%.0f rat
     # The cost of compacting the deepest chain into a full file.
     "${V[@]}" template compact "$tpl" --json | python3 -c 'import json, sys; r = json.load(sys.stdin); print("compact depth=%d written_MiB=%.0f ms=%.0f" % (r["chain_depth"], r["written_bytes"] / 2**20, r["elapsed_ms"]))'
   fi
+  if [ "$N" -gt 1 ]; then
+    # The control: a child of a full file (--no-delta), forked now, under
+    # the same load (the N children kept) as the N-th fork's child.
+    free -m | awk '/^Mem:/ {print "host_mem_used_MiB=" $3 " available_MiB=" $7}'
+    t0=$(date +%s%N)
+    out=$("${V[@]}" fork "$src" "$src-full" --no-delta --json 2>"$err") || { tail -3 "$err" >&2; exit 1; }
+    whole=$(ms "$t0")
+    printf '%s' "$out" | python3 -c 'import json, sys; r = json.load(sys.stdin); print("control (full file) whole_ms=%s pause_ms=%.1f ready_ms=%.0f" % (sys.argv[1], r["pause_ms"], r["children"][0]["ready_ms"]))' "$whole"
+    "${V[@]}" rm "$src-full" >/dev/null 2>&1
+  fi
   for f in $(seq "$N"); do "${V[@]}" rm "$src-c$f" >/dev/null 2>&1; done
   if [ "$BURST" -gt 0 ]; then
     out=$("${V[@]}" fork "$src" "$src-reset" --no-delta --json 2>"$err") || { tail -3 "$err" >&2; exit 1; }
