@@ -54,6 +54,10 @@ import (
 // the mem dir with the private pages, which is what kept this at a quarter.
 const maxDeltaShare = 2
 
+// cumulativeDeltaShare is maxDeltaShare for a consumer that takes no chains
+// (PlanRequest.Chain unset), whose deltas each hold all the private pages.
+const cumulativeDeltaShare = 4
+
 // maxDeltaBytes bounds what a delta writes in the pause: about 45 ms on the
 // reference host, against 5-12 ms for the pages written since the last fork
 // that a full copy's freeze writes.
@@ -114,7 +118,13 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 			armed = false
 		}
 	}
-	if private*int64(max(maxDeltaShare, p.req.Children)) > st.Blocks*512 || paused > maxDeltaBytes {
+	share := maxDeltaShare
+	if !p.req.Chain {
+		// Cumulative deltas repeat every private page in each one:
+		// kept at a quarter, as before the chains.
+		share = cumulativeDeltaShare
+	}
+	if private*int64(max(share, p.req.Children)) > st.Blocks*512 || paused > maxDeltaBytes {
 		return false, nil
 	}
 	// Linked through /proc/self/fd: the name the mapping shows may be gone

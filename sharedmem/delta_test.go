@@ -128,7 +128,7 @@ func TestPlanDeltaTooLarge(t *testing.T) {
 	}
 	req2 := req
 	req2.Template, req2.Temp = filepath.Join(dir, "t2.ram"), filepath.Join(dir, ".t2.ram.tmp")
-	req2.Delta, req2.Base = filepath.Join(dir, "t2.delta"), filepath.Join(dir, "t2.base.ram")
+	req2.Delta, req2.Base, req2.Chain = filepath.Join(dir, "t2.delta"), filepath.Join(dir, "t2.base.ram"), true
 	p2, err := Prepare(t.Context(), mon, req2)
 	if err != nil {
 		t.Fatal(err)
