@@ -2,6 +2,7 @@ package vmfork
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -258,5 +259,38 @@ func TestDeltaChainTemplateFiles(t *testing.T) {
 	}
 	if pathExists(l2) {
 		t.Errorf("removing a template left its chain link %s", l2)
+	}
+}
+
+// template compact: a delta template by id becomes a full file (depth and
+// bytes reported), a second compact finds a full file, and an unknown
+// name is not found.
+func TestCompactTemplateVerb(t *testing.T) {
+	mg, _ := newTestManager(t)
+	s := mg.Store
+	first, err := s.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(first.Paths.RAM, bytes.Repeat([]byte{'a'}, 4*testPage), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	tpl := deltaTemplate(t, s, first.Paths.RAM)
+	res, err := mg.CompactTemplate(t.Context(), tpl.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Compacted || res.Depth != 1 || res.WrittenBytes != 5*testPage {
+		t.Errorf("compact: %+v, want a depth-1 delta compacted, the base's 4 pages and the delta's 1 written", res)
+	}
+	if rec, err := s.LoadTemplate(tpl.ID); err != nil || rec.RAMDelta != nil {
+		t.Errorf("record after compact: %+v, %v", rec, err)
+	}
+	res, err = mg.CompactTemplate(t.Context(), tpl.ID)
+	if err != nil || res.Compacted {
+		t.Errorf("a second compact: %+v, %v; want nothing to do", res, err)
+	}
+	if _, err := mg.CompactTemplate(t.Context(), "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("compact of nothing: %v, want not found", err)
 	}
 }
