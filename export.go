@@ -93,6 +93,9 @@ func (f archiveFile) stored() int64 {
 type ExportRequest struct {
 	Name string
 	File string
+	// Base, when set, makes a delta archive (export_delta.go): only what
+	// template Base's chunk map lacks, imported onto a host that keeps Base.
+	Base string
 	// Progress, when set, is called now and then with the bytes stored so
 	// far and in all.
 	Progress func(done, total int64)
@@ -109,6 +112,12 @@ type ExportResult struct {
 	Logical   int64   `json:"logical_bytes"` // the files' sizes, holes included
 	Elapsed   float64 `json:"elapsed_ms"`
 	HasMemory bool    `json:"has_memory"`
+	// A delta archive's: the base's name and id here, the template's
+	// chunks and how many of them the archive carries.
+	Base         string `json:"base,omitempty"`
+	BaseID       string `json:"base_id,omitempty"`
+	Chunks       int    `json:"chunks,omitempty"`
+	ChunksStored int    `json:"chunks_stored,omitempty"`
 }
 
 // findTemplate returns the template kept as name, or the template with id
@@ -126,6 +135,9 @@ func (mg *Manager) Export(ctx context.Context, req ExportRequest) (*ExportResult
 	start := time.Now()
 	if req.File == "" {
 		return nil, fmt.Errorf("export %q: no archive file given: %w", req.Name, ErrInvalid)
+	}
+	if req.Base != "" {
+		return mg.exportDelta(ctx, req)
 	}
 	lockName := req.Name
 	if m := templateIDPattern.FindStringSubmatch(req.Name); m != nil {

@@ -2,6 +2,7 @@ package vmfork
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -44,6 +45,8 @@ type ImportResult struct {
 	Files     int     `json:"files"`
 	Stored    int64   `json:"stored_bytes"`
 	Elapsed   float64 `json:"elapsed_ms"`
+	// Base is the template a delta archive was rebuilt over.
+	Base string `json:"base,omitempty"`
 }
 
 // Import reads a template archive into this host's store as a kept
@@ -64,7 +67,11 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 	}
 	// The decoder's window is bounded, so a crafted frame header cannot
 	// make it allocate more than that; it decodes as the stream is read.
-	zr, err := zstd.NewReader(in, zstd.WithDecoderMaxWindow(zstdMaxWindow), zstd.WithDecoderConcurrency(1))
+	br := bufio.NewReaderSize(in, 1<<20)
+	if isDeltaArchive(br) {
+		return mg.importDelta(ctx, req, br)
+	}
+	zr, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(zstdMaxWindow), zstd.WithDecoderConcurrency(1))
 	if err != nil {
 		return fail(fmt.Errorf("zstd: %w", err))
 	}

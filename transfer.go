@@ -290,8 +290,16 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 	if z != nil {
 		defer z.Close()
 	}
+	return mg.Store.sendChunks(ctx, c, m, &want, z, progress)
+}
+
+// sendChunks sends want's chunks of m over c, each as the pages that differ
+// from its base (compressed with z where that pays, z nil: none), then the
+// end frame, and returns the receiver's answer; a delta archive
+// (export_delta.go) is the same frames written to a file, with no answer.
+func (s *Store) sendChunks(ctx context.Context, c *wire, m *chunkManifest, want *wantMsg, z *zstd.Encoder, progress func(done, total int64)) (*ReceiveResult, error) {
 	at := m.where()
-	cs := mg.Store.chunkStore()
+	cs := s.chunkStore()
 	var total, done int64
 	for _, w := range want.Chunks {
 		a, ok := at[w.Digest]
@@ -327,6 +335,9 @@ func (mg *Manager) sendTemplate(ctx context.Context, c *wire, m *chunkManifest, 
 	}
 	if err := c.send(frameEnd, nil, true); err != nil {
 		return nil, err
+	}
+	if c.r == nil {
+		return nil, nil // a file: nobody answers
 	}
 	var res ReceiveResult
 	if err := c.recvJSON(&res); err != nil {
@@ -555,6 +566,16 @@ func (s *Store) wanted(m *chunkManifest) (*wantMsg, map[string]string, error) {
 			best, base, baseID = n, bm, t.ID
 		}
 	}
+	want, baseOf := s.wantedOver(m, base, baseID, cs.has)
+	return want, baseOf, nil
+}
+
+// wantedOver returns the chunks of m for which has is false, in file and
+// offset order, each with the page hashes of base's chunk at the same file
+// and offset (base nil: none, diffed against zeros).
+func (s *Store) wantedOver(m *chunkManifest, base *chunkManifest, baseID string, has func(d string) bool) (*wantMsg, map[string]string) {
+	cs := s.chunkStore()
+	at := m.where()
 	baseChunks := map[string]map[int64]string{}
 	if base != nil {
 		for _, f := range base.Files {
@@ -578,7 +599,7 @@ func (s *Store) wanted(m *chunkManifest) (*wantMsg, map[string]string, error) {
 		return a.file < b.file || (a.file == b.file && a.ref.Off < b.ref.Off)
 	})
 	for _, d := range digests {
-		if cs.has(d) {
+		if has(d) {
 			continue
 		}
 		w := chunkWant{Digest: d}
@@ -591,7 +612,7 @@ func (s *Store) wanted(m *chunkManifest) (*wantMsg, map[string]string, error) {
 		}
 		want.Chunks = append(want.Chunks, w)
 	}
-	return want, baseOf, nil
+	return want, baseOf
 }
 
 // receiveChunks reads the wanted chunks until the end frame, rebuilds each
