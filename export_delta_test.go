@@ -58,7 +58,7 @@ func TestExportDelta(t *testing.T) {
 	rand.Read(noise)
 	v2 := keptFakeAs(t, from, "golden-v2", func(ram *os.File) {
 		ram.WriteAt([]byte("a page that changed"), 1<<20) // in chunk 0: one page travels
-		ram.WriteAt(noise, 5<<20)                          // a chunk the base has not
+		ram.WriteAt(noise, 5<<20)                         // a chunk the base has not
 	})
 	to := otherHost(t)
 	if _, sendErr, recvErr := transferPair(t, from, to, "golden-old", ""); sendErr != nil || recvErr != nil {

@@ -3,6 +3,9 @@
 package tests
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"slices"
@@ -64,6 +67,13 @@ func TestBadInputTable(t *testing.T) {
 	badQcow2 := write("v9.qcow2", append(qcow2, make([]byte, 4096)...))
 	textDisk := write("passwd", []byte("root:x:0:0:root:/root:/bin/bash\n"))
 	noQEMU := filepath.Join(dir, "qemu-system-x86_64")
+	// A delta archive (export --base) against a template this host lacks:
+	// its line, with the header's sha256, and the header frame.
+	deltaHdr := []byte(`{"format":1,"base":{"name":"golden-old","id":"web.1","chunk_map_sha256":"` + strings.Repeat("ab", 32) +
+		`"},"manifest":{"format":1,"chunk_size":2097152,"template":{"name":"golden-v2","source":"web"},"host":{},"files":[]},"want":{"chunks":[]}}`)
+	sum := sha256.Sum256(deltaHdr)
+	delta := write("v2.vmd", slices.Concat([]byte("VMFORK-DELTA 1 "+hex.EncodeToString(sum[:])+"\n"),
+		[]byte{'J'}, binary.BigEndian.AppendUint32(nil, uint32(len(deltaHdr))), deltaHdr, []byte{'F', 0, 0, 0, 0}))
 
 	cases := []badCase{
 		{"memory zero", boot("m", "--memory", "0"), 2, "memory size"},
@@ -192,6 +202,10 @@ func TestBadInputTable(t *testing.T) {
 		{"fork --to of nothing", []string{"fork", "nope", "--to", "host2"}, 4, "not found"},
 		{"template pull without a name", []string{"template", "pull", "host2"}, 2, "names no template: give HOST:NAME"},
 		{"template pull with an empty name", []string{"template", "pull", "host2:"}, 2, "empty template name"},
+		{"template export against an unknown base", []string{"template", "export", "golden-v2", "--base", "golden-old", filepath.Join(dir, "new.vmd")}, 4, `template "golden-old": not found`},
+		{"template export against itself", []string{"template", "export", "golden", "--base", "golden", filepath.Join(dir, "new.vmd")}, 2, "the base is the template itself"},
+		{"template export --base over a file", []string{"template", "export", "golden", "--base", "old", textDisk}, 2, "a delta archive is not written over a file"},
+		{"template import of a delta without its base", []string{"template", "import", delta}, 4, `against template "golden-old" (chunk map sha256 abababababab), which this host does not keep`},
 		{"template pull as a bad name", []string{"template", "pull", "host2:golden", "--as", "Bad"}, 2, `"Bad" is not valid`},
 		{"exec without command", []string{"exec", "src"}, 2, "needs a machine name and a command"},
 		{"start of a running machine", []string{"start", "src"}, 2, `start "src": machine is running already`},
