@@ -31,23 +31,9 @@ import (
 //	  go test -tags integration -run '^$' -bench BenchmarkPush -benchtime 1x ./tests/
 func BenchmarkPush(b *testing.B) {
 	memMiB, deltaMiB := envInt(b, "VMFORK_PUSH_MEM", 2048), envInt(b, "VMFORK_PUSH_DELTA", 64)
-	gen := "head -c %dm /dev/urandom"
-	if os.Getenv("VMFORK_PUSH_FILL") == "text" {
-		gen = "head -c $((%d * 16 / 48 + 1))m /dev/urandom | od -An -tx1"
-	}
-	const fillChunk = 32
-	fillMiB := memMiB * 60 / 100 / fillChunk * fillChunk
 	r := newHostRig(b)
 	a, h := r.hosts[0], r.hosts[1]
-	a.boot("src", "--memory", strconv.Itoa(memMiB)+"M")
-	script := fmt.Sprintf(`set -e
-mkdir -p /fill && mount -t tmpfs -o size=%dm vmfork-fill /fill
-%s | head -c %dm >/fill/chunk
-i=1; while [ $i -le %d ]; do { tail -c +$((i * 8 + 1)) /fill/chunk; head -c $((i * 8)) /fill/chunk; } >>/fill/data; i=$((i + 1)); done
-rm /fill/chunk && sync`, fillMiB+fillChunk+deltaMiB+1, fmt.Sprintf(gen, fillChunk), fillChunk, fillMiB/fillChunk)
-	if r := a.vmfork("--timeout", "10m", "exec", "src", "--", "sh", "-c", script); r.code != 0 {
-		b.Fatalf("fill the guest: %s", r)
-	}
+	fillMiB := bootFilled(b, a.env, memMiB, deltaMiB)
 	a.ok("template", "save", "src", "golden")
 
 	dir := b.TempDir()
@@ -125,6 +111,28 @@ rm /fill/chunk && sync`, fillMiB+fillChunk+deltaMiB+1, fmt.Sprintf(gen, fillChun
 	b.ReportMetric(tz1, "push_fresh_zstd_ms")
 	b.ReportMetric(tz2, "push_delta_zstd_ms")
 	b.ReportMetric(mib(z2.BytesOut), "push_delta_zstd_MiB")
+}
+
+// bootFilled boots machine src on a with memMiB of RAM, 60% of it filled
+// as BenchmarkPush says (room left for deltaMiB more), and returns the
+// MiB filled.
+func bootFilled(b *testing.B, a *env, memMiB, deltaMiB int) int {
+	gen := "head -c %dm /dev/urandom"
+	if os.Getenv("VMFORK_PUSH_FILL") == "text" {
+		gen = "head -c $((%d * 16 / 48 + 1))m /dev/urandom | od -An -tx1"
+	}
+	const fillChunk = 32
+	fillMiB := memMiB * 60 / 100 / fillChunk * fillChunk
+	a.boot("src", "--memory", strconv.Itoa(memMiB)+"M")
+	script := fmt.Sprintf(`set -e
+mkdir -p /fill && mount -t tmpfs -o size=%dm vmfork-fill /fill
+%s | head -c %dm >/fill/chunk
+i=1; while [ $i -le %d ]; do { tail -c +$((i * 8 + 1)) /fill/chunk; head -c $((i * 8)) /fill/chunk; } >>/fill/data; i=$((i + 1)); done
+rm /fill/chunk && sync`, fillMiB+fillChunk+deltaMiB+1, fmt.Sprintf(gen, fillChunk), fillChunk, fillMiB/fillChunk)
+	if r := a.vmfork("--timeout", "10m", "exec", "src", "--", "sh", "-c", script); r.code != 0 {
+		b.Fatalf("fill the guest: %s", r)
+	}
+	return fillMiB
 }
 
 func envInt(b testing.TB, name string, def int) int {
