@@ -109,8 +109,10 @@ func (mg *Manager) exportDelta(ctx context.Context, req ExportRequest) (*ExportR
 	}
 	// The file carries no page hashes: the importer diffs against its own
 	// copy of the base chunks, which BaseOf names.
-	for i := range hdr.Want.Chunks {
-		hdr.Want.Chunks[i].Pages = nil
+	// (A copy: the frames are encoded against want's page hashes.)
+	hdr.Want.Chunks = make([]chunkWant, len(want.Chunks))
+	for i, w := range want.Chunks {
+		hdr.Want.Chunks[i] = chunkWant{Digest: w.Digest}
 	}
 	data, err := json.Marshal(hdr)
 	if err != nil {

@@ -53,7 +53,9 @@ func noneLeft(t *testing.T, mg *Manager, name, after string) {
 func TestExportDelta(t *testing.T) {
 	ctx := t.Context()
 	from, _ := newTestManager(t)
-	keptFakeAs(t, from, "golden-old", nil)
+	// A page only the base has: v2's chunk must be rebuilt over the
+	// base's, not over zeros.
+	keptFakeAs(t, from, "golden-old", func(ram *os.File) { ram.WriteAt(bytes.Repeat([]byte{9}, 4096), 1<<20+8192) })
 	noise := make([]byte, 64<<10)
 	rand.Read(noise)
 	v2 := keptFakeAs(t, from, "golden-v2", func(ram *os.File) {
