@@ -95,6 +95,9 @@ func (mg *Manager) exportDelta(ctx context.Context, req ExportRequest) (*ExportR
 	if err != nil {
 		return fail(fmt.Errorf("base: %w", err))
 	}
+	if bm.Template.Name == "" {
+		return fail(fmt.Errorf("base %s is kept under no name, and the importing host finds its base by name: %w", bm.Template.ID, ErrInvalid))
+	}
 	if m.Template.ID == bm.Template.ID {
 		return fail(fmt.Errorf("the base is the template itself (%s): %w", m.Template.ID, ErrInvalid))
 	}
