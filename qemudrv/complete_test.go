@@ -45,10 +45,10 @@ func TestComplete(t *testing.T) {
 	q := newFakeQEMU()
 	sock := qmptest.NewServer(t, append(loadSteps(),
 		qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
-		// The backend's link up again, the NIC's down: it stays down
-		// until the identity chain has run.
-		qmptest.Expect("set_link").WithArgs(map[string]any{"name": netdevID, "up": true}),
-		qmptest.Expect("set_link").WithArgs(map[string]any{"name": nicID, "up": false}),
+		// The backend's link and with it the NIC's (the load set it to
+		// the source's) down: they stay down until the identity chain has
+		// run.
+		qmptest.Expect("set_link").WithArgs(map[string]any{"name": netdevID, "up": false}),
 		qmptest.Expect("cont"),
 	)...)
 	d := testDriver(t, q)
@@ -122,7 +122,6 @@ func TestCompleteFailure(t *testing.T) {
 			return append(loadSteps(),
 				qmptest.Expect("query-migrate").Return(map[string]any{"status": "completed"}),
 				qmptest.Expect("set_link"),
-				qmptest.Expect("set_link"),
 				qmptest.Expect("cont").Fail(qmp.ClassGenericError, "Failed to get \"write\" lock"))
 		},
 		wantSigs: []syscall.Signal{syscall.SIGKILL},
@@ -156,5 +155,22 @@ func TestCompleteFailure(t *testing.T) {
 				t.Errorf("the child's QEMU is still running")
 			}
 		})
+	}
+}
+
+// SetLink switches a machine's backend when it has one (QEMU switches its
+// NIC with it, and the backend drops what was queued while it was down),
+// its NIC when it has none.
+func TestSetLinkName(t *testing.T) {
+	for _, tc := range []struct {
+		net  vmfork.Network
+		want string
+	}{{vmfork.Network{}, netdevID}, {vmfork.Network{Kind: vmfork.NetworkNone}, nicID}} {
+		sock := qmptest.NewServer(t, qmptest.Expect("set_link").WithArgs(map[string]any{"name": tc.want, "up": true}))
+		m := fakeMachine(t, "web-1", sock, "")
+		m.Spec.Network = tc.net
+		if err := testDriver(t, newFakeQEMU()).SetLink(t.Context(), m, true); err != nil {
+			t.Errorf("SetLink (network %q): %v", tc.net.Kind, err)
+		}
 	}
 }

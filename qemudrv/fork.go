@@ -349,11 +349,14 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 	}
 	defer mon.Close()
 	// The one round of RARP frames QEMU sends as the load ends (Argv:
-	// migration.announce-rounds) must not leave this host: the backend's
-	// link is down until the load is over. The NIC's own link would not
-	// do: the load sets it to the source's.
-	backend := netdevArg(m.Spec) != ""
-	if backend {
+	// migration.announce-rounds) must not leave this host. The VM is
+	// paused then, so QEMU queues them at the backend and delivers them at
+	// cont; a backend whose link is down drops them on delivery. So the
+	// backend's link goes down before the load and stays down until
+	// SetLink raises it with the NIC's. (The NIC's own link would not do:
+	// the load sets it to the source's.)
+	link := linkName(m)
+	if link == netdevID {
 		if err := mon.SetLink(ctx, netdevID, false); err != nil {
 			return fmt.Errorf("set backend link down: %w", err)
 		}
@@ -367,20 +370,12 @@ func (d *Driver) Complete(ctx context.Context, m *vmfork.Machine, t *vmfork.Temp
 		return fmt.Errorf("load device state: %w", err)
 	}
 	vmfork.TraceChildPhase(ctx, m.Name, vmfork.PhaseStateLoaded)
-	// The load has announced (into the backend whose link is down): the
-	// backend goes up again, and with it the NIC's link (QEMU's set_link
-	// on a backend sets its NIC's too), which the next step takes down.
-	if backend {
-		if err := mon.SetLink(ctx, netdevID, true); err != nil {
-			return fmt.Errorf("set backend link up: %w", err)
-		}
-	}
 	// The child wakes with its source's MAC and addresses: keep it off the
 	// network until its identity chain has run (vmfork.LinkSetter). The
 	// guest's announcement that the virtio-net announce timer asks for at
 	// the first instant it runs goes out on this downed link, and so
 	// nowhere: QEMU drops what a NIC whose link is down sends.
-	if err := mon.SetLink(ctx, nicID, false); err != nil {
+	if err := mon.SetLink(ctx, link, false); err != nil {
 		return fmt.Errorf("set link down: %w", err)
 	}
 	if err := mon.Cont(ctx); err != nil {
@@ -450,8 +445,18 @@ func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error 
 		return fmt.Errorf("set link: %w", err)
 	}
 	defer mon.Close()
-	if err := mon.SetLink(ctx, nicID, up); err != nil {
+	if err := mon.SetLink(ctx, linkName(m), up); err != nil {
 		return fmt.Errorf("set link: %w", err)
 	}
 	return nil
+}
+
+// linkName is what set_link switches for m: its backend when it has one
+// (QEMU then switches the NIC's link with it, and the backend drops what
+// QEMU queued for it while the link was down: Complete), else its NIC.
+func linkName(m *vmfork.Machine) string {
+	if netdevArg(m.Spec) != "" {
+		return netdevID
+	}
+	return nicID
 }
