@@ -153,12 +153,20 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 		// in post_load and its reset then calls timer_del(NULL), so every
 		// guest power-off or reboot of a loaded machine segfaulted QEMU
 		// before it flushed its disks (docs/RELIABILITY.md). That one
-		// round goes nowhere: Complete holds the backend's link down over
-		// the load (QEMU's RARP) and the NIC's link down from before the
-		// guest runs (the guest's own announcement).
+		// round goes nowhere: Complete takes the backend's link down
+		// before the load and the NIC's before the guest runs, and only
+		// SetLink, once the identity chain has run, raises them again.
 		add("-global", "migration.announce-rounds="+announceRounds)
 		if opt.DevicesOnly {
 			add(qemustate.DevicesOnlyArgs...)
+			// A device state without RAM blocks leaves the firmware's
+			// (pc.bios) empty: QEMU copies ROM files into guest memory
+			// at reset but not when it waits for an incoming load, which
+			// carries them otherwise. A guest that reboots would run
+			// zeros at the reset vector and spin forever; this QEMU
+			// exits instead (flushing its disks), and the machine is
+			// stopped, to be started from its disk like any.
+			add("-no-reboot")
 		}
 		add("-incoming", "defer")
 	}
