@@ -207,7 +207,21 @@ func TestNetworkBridgeChildren(t *testing.T) {
 		t.Fatalf("the source got no lease on the bridge: leases %+v", b.dnsmasqLeases(t))
 	}
 
+	// What the children and the pool member below put on the bridge: none
+	// of it may announce the source (its MAC, its address), nor be a RARP
+	// frame (QEMU's announcement after a load of the device state, which
+	// must go nowhere, qemudrv.Driver.Complete).
+	sn := sniffNamespace(t, b.ns)
+	ports, srcIf := b.ifindexes(t), 0
+	if len(ports) != 1 {
+		t.Fatalf("ports on %s before the fork: %v, want the source's only", b.bridge, ports)
+	}
+	for _, i := range ports {
+		srcIf = i
+	}
+
 	kids := forkOnBridge(t, e, b, src, parentIP)
+	sn.checkNoLeak(t, b.ifindexes(t), srcIf, src.MAC, parentIP)
 
 	// A child's NIC is configured with its own MAC, not its source's (the
 	// guest's MAC comes from the device state): a reset keeps it, and with
@@ -234,6 +248,7 @@ func TestNetworkBridgeChildren(t *testing.T) {
 		t.Fatalf("fork of the kept template: %s", r)
 	}
 	m := e.machine("pooled")
+	sn.checkNoLeak(t, b.ifindexes(t), srcIf, src.MAC, parentIP)
 	if ip := b.leaseOf(t, m.MAC); ip == "" || ip == parentIP {
 		t.Errorf("the pooled child (%s) has lease %q: want one of its own (the parent's is %s)", m.MAC, ip, parentIP)
 	} else if out, err := e.tryExec("pooled", "ping", "-c", "2", "-W", "2", parentIP); err != nil {
