@@ -156,14 +156,21 @@ func (b *bridgeNet) ifindexes(t testing.TB) map[string]int {
 // identity, never with RARP).
 func (s *sniffer) checkNoLeak(t *testing.T, ports map[string]int, srcIf int, srcMAC, srcIP string) {
 	t.Helper()
+	seen := 0
 	for name, i := range ports {
 		if i == srcIf {
 			continue
 		}
-		for _, f := range s.from(i) {
+		frames := s.from(i)
+		seen += len(frames)
+		for _, f := range frames {
 			if f.etherType == etherTypeRARP || f.src.String() == srcMAC || (f.arpSender != nil && f.arpSender.String() == srcIP) {
 				t.Errorf("port %s announced what is not its own: %s (the source is %s, %s)", name, f, srcMAC, srcIP)
 			}
 		}
+	}
+	if seen == 0 {
+		// Each child asks for a lease: a capture that saw nothing is broken.
+		t.Errorf("the capture saw no frame from the children's ports %v", ports)
 	}
 }
