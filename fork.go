@@ -35,6 +35,10 @@ const DefaultMaxChildren = 128
 // children; otherwise Count children are named Prefix-1, Prefix-2, ... (the
 // next free numbers; Prefix defaults to Source).
 type ForkRequest struct {
+	// incoming makes the children's state come by migration (fork-serve
+	// --incoming, forkto_live.go); set by ServeFork.
+	incoming *incomingHooks
+
 	Source      string
 	Names       []string
 	Count       int
@@ -534,7 +538,7 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 	// started without their egress rules, outside their cgroup, and
 	// unknown to the broker. Guest steps alone (connections, secret
 	// files) run after a member is claimed, as on any child.
-	if live && tpl.Name != "" && req.Identity.Spec.Mode() != customize.ModeReproducible && !p.contract.OnHost() {
+	if live && tpl.Name != "" && req.incoming == nil && req.Identity.Spec.Mode() != customize.ModeReproducible && !p.contract.OnHost() {
 		members = mg.takePool(ctx, tpl, len(children))
 	}
 	out := make([]childOutcome, len(children))
@@ -550,6 +554,8 @@ func (mg *Manager) startChildren(ctx context.Context, p *forkPlan, children []*M
 		switch {
 		case i < len(members):
 			cs.mode, cs.member = childFromPool, members[i]
+		case req.incoming != nil:
+			cs.mode, cs.incoming = childIncoming, req.incoming
 		case live:
 			cs.mode = childLoad
 		}
@@ -631,6 +637,13 @@ func (mg *Manager) startChild(ctx context.Context, forker Forker, cs childStart)
 		if err := forker.StartChild(ctx, c, tpl); err != nil {
 			return childOutcome{err: err}
 		}
+	case childIncoming:
+		if err := mg.startIncoming(ctx, c, tpl, cs.incoming); err != nil {
+			return childOutcome{err: err}
+		}
+		// A migration that breaks kills the child: its identity chain,
+		// stuck on pages that never come, then fails at once.
+		go mg.awaitIncoming(ctx, c)
 	default:
 		if err := mg.Driver.Start(ctx, c); err != nil {
 			return childOutcome{err: err}

@@ -76,7 +76,7 @@ func (p *forkPlan) live() bool {
 	case forkLive:
 		return true
 	case forkKept, forkHibernated:
-		return p.tpl.HasMemory
+		return p.tpl.HasMemory || p.req.incoming != nil
 	}
 	return false
 }
@@ -335,6 +335,9 @@ const (
 	childFromPool
 	// childBoot: the child boots from an overlay on the template's disk.
 	childBoot
+	// childIncoming: a new QEMU gets the state and RAM by postcopy
+	// migration from another host (fork-serve --incoming, forkto_live.go).
+	childIncoming
 )
 
 // childStart is one child of a fork for startChild.
@@ -346,6 +349,8 @@ type childStart struct {
 	// member is the warm-pool process to start from (childFromPool only).
 	member   *Machine
 	identity IdentityOptions
+	// incoming: childIncoming's socket and control lines.
+	incoming *incomingHooks
 }
 
 // live reports whether the child continues from the template's state.

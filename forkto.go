@@ -9,8 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -45,6 +48,12 @@ type ForkToRequest struct {
 	// caller has checked them.
 	RemoteFlags []string
 	Names       []string
+	// Mode is ForkToAuto (""), ForkToCopy or ForkToPostcopy
+	// (forkto_live.go).
+	Mode string
+	// MaxPostcopyBandwidth bounds the live path's postcopy phase, in
+	// bytes/s (0: none); tests slow it to cut the link inside it.
+	MaxPostcopyBandwidth int64
 }
 
 // ForkToResult is a fork onto another host's outcome. Its JSON form is a
@@ -52,6 +61,13 @@ type ForkToRequest struct {
 type ForkToResult struct {
 	Host   string `json:"host"`
 	Source string `json:"source"`
+	// Mode is the path taken: "copy" (the template pushed whole, then
+	// forked there) or "postcopy" (the live path, forkto_live.go).
+	Mode string `json:"mode"`
+	// Migration is the live path's migration; LoadedMS is when the QEMU
+	// loaded from the template here was ready to migrate.
+	Migration *MigrationStats `json:"migration,omitempty"`
+	LoadedMS  float64         `json:"loaded_ms,omitempty"`
 	// PauseMS is the source's pause for the freeze (0 for a kept template).
 	PauseMS float64 `json:"pause_ms"`
 	// Push is the template's transfer; Fork is the fork on the other host,
@@ -91,7 +107,25 @@ func (mg *Manager) ForkTo(ctx context.Context, req ForkToRequest) (res *ForkToRe
 	}
 	tmp := forkToName()
 	local := req.Source
-	if _, kerr := mg.Store.FindKept(req.Source); kerr != nil {
+	kept, kerr := mg.Store.FindKept(req.Source)
+	// Before anything is paused: whether the live path can run.
+	shape := kept
+	if kerr != nil {
+		// A machine: its template will hold memory if it runs, and its
+		// extra disks.
+		if m, merr := mg.Store.LoadMachine(req.Source); merr == nil {
+			shape = &Template{ID: req.Source, HasMemory: m.State == StateRunning, Disks: make([]TemplateDisk, len(m.Spec.Disks))}
+		}
+	}
+	live, err := mg.resolveForkToMode(req.Mode, max(1, len(req.Names)), shape)
+	if err != nil {
+		return fail(err)
+	}
+	res.Mode = ForkToCopy
+	if live {
+		res.Mode = ForkToPostcopy
+	}
+	if kerr != nil {
 		// A machine: its instant frozen as for a local fork.
 		t, err := mg.Keep(ctx, KeepRequest{Source: req.Source, Name: tmp, Identity: req.Identity})
 		if err != nil {
@@ -108,15 +142,30 @@ func (mg *Manager) ForkTo(ctx context.Context, req ForkToRequest) (res *ForkToRe
 		}()
 	}
 	res.FreezeMS = ms(time.Since(start))
+	pushed := false
+	defer func() {
+		if err != nil && pushed {
+			mg.giveUpRemote(ctx, req.Transfer, tmp)
+		}
+	}()
+	if live {
+		pushed = true // from the first byte: a cut push may still install it
+		if err = mg.forkToLive(ctx, req, res, start, local, tmp); err != nil {
+			return fail(err)
+		}
+		res.Elapsed = ms(time.Since(start))
+		return res, nil
+	}
 
 	push := req.Transfer
 	push.Name, push.Remote.Name = local, tmp
+	pushed = true
 	if res.Push, err = mg.Push(ctx, push); err != nil {
 		return fail(err)
 	}
 	res.PushMS = ms(time.Since(start))
 
-	if res.Fork, err = mg.remoteFork(ctx, req, tmp); err != nil {
+	if res.Fork, err = mg.remoteFork(ctx, req, tmp, remoteHooks{}); err != nil {
 		return fail(err)
 	}
 	res.RemoteForkMS = ms(time.Since(start))
@@ -133,9 +182,18 @@ func (mg *Manager) ForkTo(ctx context.Context, req ForkToRequest) (res *ForkToRe
 	return res, nil
 }
 
+// remoteHooks are what the live path adds to a remote fork: ssh options
+// (the forward), fork-serve flags, a handler for the control lines before
+// the result, and a check before the commit.
+type remoteHooks struct {
+	sshOpts, flags []string
+	onLine         func(line string) error
+	beforeCommit   func() error
+}
+
 // remoteFork runs `vmfork fork-serve TEMPLATE ARGS...` on the other host,
 // reads its result and commits it.
-func (mg *Manager) remoteFork(ctx context.Context, req ForkToRequest, tmpl string) (*ForkResult, error) {
+func (mg *Manager) remoteFork(ctx context.Context, req ForkToRequest, tmpl string, h remoteHooks) (*ForkResult, error) {
 	tr := req.Transfer
 	sshArgs := strings.Fields(tr.SSH)
 	if len(sshArgs) == 0 {
@@ -148,12 +206,12 @@ func (mg *Manager) remoteFork(ctx context.Context, req ForkToRequest, tmpl strin
 	// Flags first, then the template and the names (which never start
 	// with '-'): no "--", after which the flags would be names.
 	words := []string{remote, "fork-serve", "--json"}
-	for _, a := range append(append(append([]string{}, req.RemoteFlags...), tmpl), req.Names...) {
+	for _, a := range append(append(append(append([]string{}, h.flags...), req.RemoteFlags...), tmpl), req.Names...) {
 		words = append(words, ShellQuote(a))
 	}
-	args := append(sshArgs[1:], "-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
-		"-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
-		"--", tr.Remote.Dest, strings.Join(words, " "))
+	args := append(append(sshArgs[1:], "-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
+		"-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"), h.sshOpts...)
+	args = append(args, "--", tr.Remote.Dest, strings.Join(words, " "))
 	cmd := exec.CommandContext(ctx, sshArgs[0], args...)
 	stderr := &tailBuffer{max: 4096}
 	cmd.Stderr = stderr
@@ -180,7 +238,14 @@ func (mg *Manager) remoteFork(ctx context.Context, req ForkToRequest, tmpl strin
 		}
 		return nil, fmt.Errorf("fork on %s: %w", tr.Remote.Dest, err)
 	}
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	br := bufio.NewReader(stdout)
+	line, err := br.ReadBytes('\n')
+	for err == nil && len(line) > 0 && line[0] != '{' && h.onLine != nil {
+		if herr := h.onLine(strings.TrimSpace(string(line))); herr != nil {
+			return abort(herr)
+		}
+		line, err = br.ReadBytes('\n')
+	}
 	if err != nil {
 		return abort(fmt.Errorf("no result: %w", io.ErrUnexpectedEOF))
 	}
@@ -190,6 +255,11 @@ func (mg *Manager) remoteFork(ctx context.Context, req ForkToRequest, tmpl strin
 	}
 	if len(fr.Children) == 0 {
 		return abort(errors.New("no child came up"))
+	}
+	if h.beforeCommit != nil {
+		if err := h.beforeCommit(); err != nil {
+			return abort(err)
+		}
 	}
 	if _, err := io.WriteString(stdin, forkCommit+"\n"); err != nil {
 		return abort(fmt.Errorf("commit: %w", err))
@@ -215,12 +285,38 @@ const forkCommit = "commit"
 // within idle; otherwise, and on any failure, remove every child made. The
 // pushed template is given up in every case (its data stays while children
 // map it).
-func (mg *Manager) ServeFork(ctx context.Context, req ForkRequest, r io.Reader, w io.Writer, idle time.Duration) (res *ForkResult, err error) {
+//
+// incoming, when set, is the live path's unix socket: the children's
+// state and RAM come by postcopy migration there (forkto_live.go), and the
+// result is written only once their whole RAM has arrived.
+func (mg *Manager) ServeFork(ctx context.Context, req ForkRequest, incoming string, r io.Reader, w io.Writer, idle time.Duration) (res *ForkResult, err error) {
 	defer func() {
 		if _, uerr := mg.Unkeep(context.WithoutCancel(ctx), req.Source); uerr != nil && !errors.Is(uerr, ErrNotFound) {
 			mg.Log.WithError(uerr).WithField("template", req.Source).Warn("could not give up the pushed template")
 		}
 	}()
+	var lines sync.Mutex
+	if incoming != "" {
+		// The live path (forkto_live.go): the socket's directory is this
+		// fork's own, made here; one that exists is refused.
+		if err := CheckIncomingSocket(incoming); err != nil {
+			return nil, err
+		}
+		dir := filepath.Dir(incoming)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("--incoming: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		say := func(l string) error {
+			lines.Lock()
+			defer lines.Unlock()
+			_, err := io.WriteString(w, l+"\n")
+			return err
+		}
+		req.incoming = &incomingHooks{sock: incoming,
+			listening: func() error { return say(liveListening) },
+			running:   func() { say(liveRunning) }}
+	}
 	res, err = mg.Fork(ctx, req)
 	undo := func() {
 		if res == nil {
@@ -236,6 +332,20 @@ func (mg *Manager) ServeFork(ctx context.Context, req ForkRequest, r io.Reader, 
 		undo() // a partial fork is a failed one: all or nothing
 		return nil, err
 	}
+	if incoming != "" {
+		for _, c := range res.Children {
+			m, lerr := mg.Store.LoadMachine(c.Name)
+			if lerr == nil {
+				lerr = mg.awaitIncoming(ctx, m)
+			}
+			if lerr != nil {
+				undo()
+				return nil, lerr
+			}
+		}
+	}
+	lines.Lock()
+	defer lines.Unlock()
 	line, merr := json.Marshal(res)
 	if merr != nil {
 		undo()
@@ -272,4 +382,30 @@ func ShellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// giveUpRemote removes the fork's pushed template tmp on the other host
+// after a failure, over a session of its own (the fork's may be the one
+// that died). fork-serve gives it up too, but a fork-serve killed by the
+// session's hang-up before it could (the moment it starts) would leave it
+// kept there; its data stays while a child maps it. Best effort: a link
+// that stays dead leaves it, named fork-to-..., for `template rm`.
+func (mg *Manager) giveUpRemote(ctx context.Context, tr TransferRequest, tmp string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	sshArgs := strings.Fields(tr.SSH)
+	if len(sshArgs) == 0 {
+		sshArgs = []string{"ssh"}
+	}
+	remote := tr.RemoteVmfork
+	if remote == "" {
+		remote = "vmfork"
+	}
+	args := append(sshArgs[1:], "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+		"--", tr.Remote.Dest, remote+" template rm "+ShellQuote(tmp))
+	cmd := exec.CommandContext(ctx, sshArgs[0], args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		// Usually gone already (fork-serve gave it up): debug only.
+		mg.Log.WithError(err).WithField("template", tmp).WithField("host", tr.Remote.Dest).Debug("giving up the fork's template on the other host: " + strings.TrimSpace(string(out)))
+	}
 }

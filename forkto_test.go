@@ -53,7 +53,7 @@ func TestServeForkKeepsChildrenOnlyOnCommit(t *testing.T) {
 			if _, err := mg.Keep(t.Context(), KeepRequest{Source: "src", Name: "fork-to-0123456789ab"}); err != nil {
 				t.Fatal(err)
 			}
-			res, err := mg.ServeFork(t.Context(), ForkRequest{Source: "fork-to-0123456789ab", Names: []string{"kid"}, Identity: quietChain},
+			res, err := mg.ServeFork(t.Context(), ForkRequest{Source: "fork-to-0123456789ab", Names: []string{"kid"}, Identity: quietChain}, "",
 				strings.NewReader(c.in), c.out, time.Minute)
 			if c.keep != (err == nil) {
 				t.Fatalf("ServeFork = %+v, %v; want kept %v", res, err, c.keep)
@@ -95,7 +95,7 @@ read l; printf '%s' "$l" > ` + dir + `/got
 	mg, _ := newTestManager(t)
 	req := ForkToRequest{Source: "src", Transfer: TransferRequest{Remote: Remote{Dest: "host2"}, SSH: ssh, RemoteVmfork: "/opt/vmfork"},
 		RemoteFlags: []string{"--hostname=kid {n}"}, Names: []string{"kid"}}
-	res, err := mg.remoteFork(t.Context(), req, "fork-to-x")
+	res, err := mg.remoteFork(t.Context(), req, "fork-to-x", remoteHooks{})
 	if err != nil || len(res.Children) != 1 || res.Children[0].Name != "kid" || res.Children[0].ReadyMS != 9 {
 		t.Fatalf("remoteFork = %+v, %v", res, err)
 	}
@@ -107,7 +107,7 @@ read l; printf '%s' "$l" > ` + dir + `/got
 		t.Errorf("the far end read %q, want the commit", got)
 	}
 	os.WriteFile(filepath.Join(dir, "fail"), nil, 0o600)
-	if _, err := mg.remoteFork(t.Context(), req, "fork-to-x"); err == nil || !strings.Contains(err.Error(), "no room") {
+	if _, err := mg.remoteFork(t.Context(), req, "fork-to-x", remoteHooks{}); err == nil || !strings.Contains(err.Error(), "no room") {
 		t.Errorf("remoteFork with a far end that fails = %v, want its error line", err)
 	}
 }

@@ -46,6 +46,10 @@ type ArgvOptions struct {
 	// DevicesOnly, with Incoming, readies QEMU for a device state saved
 	// without a migration (qemustate.SaveDevices): its template's DevStateFormat.
 	DevicesOnly bool
+	// Paused, with Incoming, keeps the loaded VM paused (-S) however the
+	// stream ends: a child that arrives by postcopy migration (live.go) is
+	// resumed by vmfork once its link is down.
+	Paused bool
 }
 
 // Argv returns the QEMU arguments (without the binary) for machine m. The
@@ -167,6 +171,8 @@ func Argv(m *vmfork.Machine, opt ArgvOptions) []string {
 			// exits instead (flushing its disks), and the machine is
 			// stopped, to be started from its disk like any.
 			add("-no-reboot")
+		} else if opt.Paused {
+			add("-S")
 		}
 		add("-incoming", "defer")
 	}

@@ -18,6 +18,9 @@ var forkToFlags = []cli.Flag{
 	&cli.StringFlag{Name: "to", Usage: "fork onto another host, `[USER@]HOST`, over SSH: the instant is frozen here, pushed (the chunks HOST lacks) and forked there (see FORK ONTO ANOTHER HOST)"},
 	// --ssh, --remote-vmfork, --idle-timeout: push's (transferFlags, less --json).
 	transferFlags[0], transferFlags[1], transferFlags[2],
+	&cli.StringFlag{Name: "to-mode", Value: vmfork.ForkToAuto, Usage: "with --to: `auto`, copy or postcopy: how the instant travels (see FORK ONTO ANOTHER HOST)"},
+	// Tests slow the live path's postcopy phase to cut the link inside it.
+	&cli.Int64Flag{Name: "postcopy-bandwidth", Hidden: true, Usage: "with --to-mode postcopy: bound the postcopy phase to `BYTES`/s"},
 }
 
 // forkToForwarded are the fork flags a fork --to hands on to the other
@@ -40,12 +43,25 @@ identity chain runs there. The children are machines of HOST: "ssh HOST
 vmfork ls". If the link or either side dies before the fork is committed,
 HOST removes what it made and nothing is left here but SOURCE, running.
 
+--to-mode says how the instant travels. postcopy (the live path): only the
+disk layers are pushed (usually a delta); a QEMU loaded from the instant
+here migrates to the child's QEMU on HOST, postcopy, through the ssh
+connection (a forwarded unix socket: no port is opened), so the child runs
+before its RAM has arrived and pages it touches are fetched on demand. If
+the link dies before the child's whole RAM is there, the child is lost:
+HOST kills and removes it (SOURCE is never touched). copy: the template is
+pushed whole (RAM included), then forked there: slower, but a cut link
+costs nothing but a retry. auto (the default) takes postcopy for one child
+of a source without extra disks on the embedded driver, copy otherwise
+(several children, extra disks, the libvirt driver).
+
    vmfork fork web --to root@host2 --json
    vmfork fork golden -n 3 --to host2 --ssh "ssh -p 2222"`
 
 func init() {
 	// fork-serve takes what fork takes, less --to; fork learns --to.
-	forkServeCommand.Flags = append(append([]cli.Flag{}, forkCommand.Flags...), transferFlags[2])
+	forkServeCommand.Flags = append(append([]cli.Flag{}, forkCommand.Flags...), transferFlags[2],
+		&cli.StringFlag{Name: "incoming", Usage: "the live path's unix socket (forkto_live.go)"})
 	forkCommand.Flags = append(forkCommand.Flags, forkToFlags...)
 	forkCommand.Description += forkToHelp
 }
@@ -78,6 +94,18 @@ func forkTo(cliCtx *cli.Context) error {
 			return err
 		}
 	}
+	mode := cliCtx.String("to-mode")
+	switch mode {
+	case vmfork.ForkToAuto, vmfork.ForkToCopy, vmfork.ForkToPostcopy:
+	default:
+		return usageError{fmt.Errorf("--to-mode %q is not auto, copy or postcopy", mode)}
+	}
+	if n := max(len(req.Names), cliCtx.Int("count")); mode == vmfork.ForkToPostcopy && n > 1 {
+		return usageError{fmt.Errorf("--to-mode postcopy makes one child (one migration), not %d: use --to-mode copy", n)}
+	}
+	if bw := cliCtx.Int64("postcopy-bandwidth"); bw < 0 {
+		return usageError{fmt.Errorf("--postcopy-bandwidth %d is negative", bw)}
+	}
 	var remoteArgs []string
 	for _, f := range forkToForwarded {
 		if !cliCtx.IsSet(f) {
@@ -103,6 +131,9 @@ func forkTo(cliCtx *cli.Context) error {
 			Identity:    req.Identity,
 			RemoteFlags: remoteArgs,
 			Names:       req.Names,
+			Mode:        mode,
+
+			MaxPostcopyBandwidth: cliCtx.Int64("postcopy-bandwidth"),
 		})
 		return show(v, res, err, printForkTo)
 	})
@@ -115,6 +146,10 @@ func printForkTo(res *vmfork.ForkToResult) {
 	} else {
 		fmt.Printf("forked %s onto %s (nothing paused); pushed %.1f MiB (%d of %d chunks) in %.0f ms\n",
 			res.Source, res.Host, mib(res.Push.BytesOut), res.Push.Received.ChunksSent, res.Push.Received.Chunks, res.PushMS-res.FreezeMS)
+	}
+	if res.Migration != nil {
+		fmt.Printf("live (postcopy): only the disks pushed; %.1f MiB of RAM migrated, the child ran %.0f ms after migrate, all of its RAM there after %.0f ms\n",
+			mib(res.Migration.Bytes), res.Migration.SwitchoverMS, res.Migration.TotalMS)
 	}
 	fmt.Printf("on %s: first child running %.0f ms, all ready %.0f ms after the start\n", res.Host, res.RunningMS, res.ReadyMS)
 	printFork(res.Fork)
@@ -134,6 +169,12 @@ var forkServeCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		incoming := cliCtx.String("incoming")
+		if incoming != "" {
+			if err := vmfork.CheckIncomingSocket(incoming); err != nil {
+				return usageError{err}
+			}
+		}
 		// A write to a session whose link died must fail (and the children
 		// be removed), not kill vmfork with SIGPIPE half-way.
 		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
@@ -141,7 +182,7 @@ var forkServeCommand = &cli.Command{
 		// has undone its children and given up the pushed template.
 		signal.Ignore(syscall.SIGHUP)
 		return run(cliCtx, func(v verb) error {
-			_, err := v.mg.ServeFork(v.ctx, req, os.Stdin, os.Stdout, cliCtx.Duration("idle-timeout"))
+			_, err := v.mg.ServeFork(v.ctx, req, incoming, os.Stdin, os.Stdout, cliCtx.Duration("idle-timeout"))
 			return err
 		})
 	},

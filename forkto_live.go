@@ -1,0 +1,385 @@
+package vmfork
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/vmfork/vmfork/overlay"
+)
+
+// The live path of a fork onto another host (issue 24 item 2,
+// docs/TEMPLATES.md "The live path"): the child runs on HOST before its
+// RAM has arrived. The source's instant is frozen into a template here as
+// for the copy path (the same pause); the template goes to HOST without
+// its RAM (the disk layers: usually a delta); a QEMU loaded from it here
+// (LiveForker.LoadTemplate, paused, the template's RAM mapped share=off)
+// migrates with postcopy to the child's QEMU on HOST, started by
+// fork-serve --incoming, which runs as soon as the device state is there
+// and fetches the pages it touches on fault while the rest streams.
+//
+// The channel: the fork-serve session's own ssh connection forwards a
+// unix socket here to the one HOST's QEMU listens on (ssh -L
+// LOCAL:REMOTE; OpenSSH's stream-local forwarding, on by default in
+// sshd). One connection carries the control lines and the migration, so a
+// cut link ends both at once, no port is opened on any address, and ssh's
+// keys and config are the only trust. (The other choice, the session's
+// stdin/stdout bridged to a socketpair handed to each QEMU, would
+// multiplex the control lines into the stream: more code for nothing.)
+//
+// The control lines fork-serve --incoming writes before its result:
+// "listening" once HOST's QEMU listens (this side then migrates), and
+// "running" once the child runs there (this side's RUNNING). The result
+// comes once the child is READY and its whole RAM has arrived: only then
+// may it be committed, since until then the link dies with the child's RAM
+// split across the hosts (such a child is killed and removed there: a
+// lost child, never a half-made one left listed).
+
+// Fork --to modes (ForkToRequest.Mode).
+const (
+	ForkToAuto     = "auto"
+	ForkToCopy     = "copy"
+	ForkToPostcopy = "postcopy"
+)
+
+// LiveForker is the optional driver capability behind fork --to's live
+// path (embedded driver only).
+type LiveForker interface {
+	// LoadTemplate starts, in dir (which it removes on Close), a QEMU
+	// loaded from template t as a child would be, left paused. On error
+	// nothing of it is left.
+	LoadTemplate(ctx context.Context, t *Template, dir string) (LoadedTemplate, error)
+	// StartIncoming starts child from t's devices with RAM of its own,
+	// its state and RAM to come by postcopy migration on unix socket
+	// sock; it calls listening once QEMU listens, and returns once the
+	// child runs, its NIC link down. On error no process of child is
+	// left.
+	StartIncoming(ctx context.Context, child *Machine, t *Template, sock string, listening func() error) error
+	// IncomingStatus is m's incoming migration's state (QEMU's
+	// MigrationStatus), "" when m's QEMU is gone.
+	IncomingStatus(ctx context.Context, m *Machine) (string, error)
+}
+
+// LoadedTemplate is LiveForker.LoadTemplate's QEMU.
+type LoadedTemplate interface {
+	// Migrate migrates it with postcopy to the QEMU listening at sock,
+	// calls started once that one may run, and returns once the migration
+	// completed. maxPostcopyBps > 0 bounds the postcopy phase's bandwidth.
+	Migrate(ctx context.Context, sock string, maxPostcopyBps int64, started func()) (MigrationStats, error)
+	// Close kills it and removes its files.
+	Close()
+}
+
+// MigrationStats is a live fork's migration. Its JSON form is a contract
+// with scripts.
+type MigrationStats struct {
+	Status string `json:"status"`
+	// Bytes is what QEMU sent of the RAM.
+	Bytes int64 `json:"ram_bytes"`
+	// SwitchoverMS is from migrate until postcopy ran, TotalMS until the
+	// whole RAM was there.
+	SwitchoverMS float64 `json:"switchover_ms"`
+	TotalMS      float64 `json:"total_ms"`
+}
+
+// Control lines of fork-serve --incoming (before its result line).
+const (
+	liveListening = "listening"
+	liveRunning   = "running"
+)
+
+// incomingSockRE is the form of fork-serve --incoming's socket: a
+// directory of this fork's own under /tmp (made by fork-serve, mode 0700,
+// refused when it exists: no one else's socket is ever used).
+var incomingSockRE = regexp.MustCompile(`^/tmp/vmfork-mig-[0-9a-f]{12}/m\.sock$`)
+
+// CheckIncomingSocket checks fork-serve --incoming's value.
+func CheckIncomingSocket(s string) error {
+	if !incomingSockRE.MatchString(s) {
+		return fmt.Errorf("--incoming %q is not /tmp/vmfork-mig-<12 hex>/m.sock: %w", s, ErrInvalid)
+	}
+	return nil
+}
+
+// incomingHooks are a fork-serve --incoming's: its socket, and the control
+// lines to write.
+type incomingHooks struct {
+	sock      string
+	listening func() error
+	running   func()
+}
+
+// ResolveForkToMode says whether a fork onto another host takes the live
+// path: mode ForkToPostcopy insists (an error says why it cannot),
+// ForkToAuto takes it where it can, ForkToCopy never.
+func (mg *Manager) resolveForkToMode(mode string, children int, t *Template) (bool, error) {
+	why := ""
+	_, ok := mg.Driver.(LiveForker)
+	switch {
+	case !ok:
+		why = fmt.Sprintf("driver %q has no live path", mg.Driver.Name())
+	case children != 1:
+		why = fmt.Sprintf("%d children: one migration makes one child", children)
+	case t != nil && !t.HasMemory:
+		why = fmt.Sprintf("template %s holds no memory", t.ID)
+	case t != nil && len(t.Disks) > 0:
+		why = "the source has extra disks"
+	}
+	switch mode {
+	case ForkToCopy:
+		return false, nil
+	case ForkToPostcopy:
+		if why != "" {
+			return false, fmt.Errorf("--to-mode postcopy: %s: %w", why, ErrUnsupported)
+		}
+		return true, nil
+	case "", ForkToAuto:
+		return why == "", nil
+	}
+	return false, fmt.Errorf("--to-mode %q is not auto, copy or postcopy: %w", mode, ErrInvalid)
+}
+
+// liveSockets returns a fresh pair: the forward's socket here, the one
+// HOST's QEMU listens on.
+func liveSockets() (local, remote string) {
+	var b [6]byte
+	rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	return filepath.Join(os.TempDir(), "vmfork-fwd-"+id+".sock"), "/tmp/vmfork-mig-" + id + "/m.sock"
+}
+
+// pushDisks pushes template local to HOST as tmp without its RAM and
+// device state (they travel by migration): its disk layers, kernel and
+// initrd, kept there as a template holding no memory. Its chunk map is
+// not written beside the template here: it is not the template's whole.
+func (mg *Manager) pushDisks(ctx context.Context, req TransferRequest, local string) (*TransferResult, error) {
+	start := time.Now()
+	fail := func(err error) (*TransferResult, error) {
+		return nil, fmt.Errorf("push %s's disks to %s: %w", local, req.Remote.Dest, err)
+	}
+	unlock, err := mg.Store.Lock(ctx, local)
+	if err != nil {
+		return fail(err)
+	}
+	var once sync.Once
+	release := func() { once.Do(unlock) }
+	defer release()
+	t, err := mg.Store.findTemplate(local)
+	if err != nil {
+		return fail(err)
+	}
+	disks := *t
+	disks.HasMemory, disks.RAMDelta = false, nil
+	disks.Paths.RAM, disks.Paths.DevState = "", ""
+	unlockStore, err := mg.Store.chunkStore().lock(false)
+	if err != nil {
+		return fail(err)
+	}
+	defer unlockStore()
+	m := &chunkManifest{Format: chunkFormat, ChunkSize: chunkSize, Template: disks}
+	if m.Host, err = hostFacts(t); err != nil {
+		return fail(err)
+	}
+	tmpDir, err := os.MkdirTemp(filepath.Join(mg.Store.StateDir, dirTemplates), stagingPrefix("export"))
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(tmpDir)
+	files, err := openFiles(ctx, &disks, tmpDir, overlay.FlattenAligned)
+	release()
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		for _, f := range files {
+			f.file.Close()
+		}
+	}()
+	cs, buf := mg.Store.chunkStore(), make([]byte, chunkSize)
+	for _, af := range files {
+		cf, err := cs.cut(ctx, af.file, af.Name, buf)
+		if err != nil {
+			return fail(fmt.Errorf("chunk %s: %w", af.Name, err))
+		}
+		m.Files = append(m.Files, *cf)
+	}
+	m.cutMS = ms(time.Since(start))
+	res := &TransferResult{Op: "push", Host: req.Remote.Dest, Name: t.Name, ID: t.ID, CutMS: m.cutMS}
+	res.BytesIn, res.BytesOut, err = mg.session(ctx, req, func(ctx context.Context, c *wire) error {
+		if err := c.sendJSON(transferHello{Proto: transferProto, Op: "receive", Name: req.Remote.Name}); err != nil {
+			return err
+		}
+		got, err := mg.sendTemplate(ctx, c, m, req.Progress)
+		if got != nil {
+			res.Received = *got
+		}
+		return err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	res.Elapsed = ms(time.Since(start))
+	return res, nil
+}
+
+// forkToLive is ForkTo's live path, after the freeze: local is the
+// template here, tmp its name on HOST.
+func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkToResult, start time.Time, local, tmp string) error {
+	lf := mg.Driver.(LiveForker)
+	t, err := mg.Store.findTemplate(local)
+	if err != nil {
+		return err
+	}
+	// The loaded QEMU starts while the disks travel.
+	type loadResult struct {
+		lt  LoadedTemplate
+		err error
+	}
+	loadc := make(chan loadResult, 1)
+	lctx, cancelLoad := context.WithCancel(ctx)
+	defer cancelLoad()
+	go func() {
+		dir, err := os.MkdirTemp("", "vmfork-loaded-")
+		if err != nil {
+			loadc <- loadResult{nil, err}
+			return
+		}
+		lt, err := lf.LoadTemplate(lctx, t, dir)
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+		loadc <- loadResult{lt, err}
+	}()
+	var lt LoadedTemplate
+	defer func() {
+		if lt != nil {
+			lt.Close()
+		}
+	}()
+	push := req.Transfer
+	push.Remote.Name = tmp
+	res.Push, err = mg.pushDisks(ctx, push, local)
+	lr := <-loadc
+	lt = lr.lt
+	if err != nil {
+		return err
+	}
+	res.PushMS = ms(time.Since(start))
+	if lr.err != nil {
+		return lr.err
+	}
+	res.LoadedMS = ms(time.Since(start))
+
+	localSock, remoteSock := liveSockets()
+	defer os.Remove(localSock)
+	var (
+		migErr  error
+		migDone = make(chan struct{})
+		mctx    context.Context
+		cancel  context.CancelFunc
+	)
+	mctx, cancel = context.WithCancel(ctx)
+	defer cancel()
+	remoteStart := time.Now()
+	hooks := remoteHooks{
+		sshOpts: []string{"-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes", "-L", localSock + ":" + remoteSock},
+		flags:   []string{"--incoming=" + remoteSock},
+		onLine: func(line string) error {
+			switch line {
+			case liveListening:
+				go func() {
+					defer close(migDone)
+					st, err := lt.Migrate(mctx, localSock, req.MaxPostcopyBandwidth, nil)
+					res.Migration, migErr = &st, err
+				}()
+			case liveRunning:
+				res.RunningMS = ms(time.Since(start))
+			default:
+				return fmt.Errorf("unexpected line %q", line)
+			}
+			return nil
+		},
+		// The migration must have completed before the commit.
+		beforeCommit: func() error {
+			select {
+			case <-migDone:
+			case <-time.After(30 * time.Second):
+				return errors.New("the migration did not end after the child's RAM had arrived")
+			}
+			return migErr
+		},
+	}
+	res.Fork, err = mg.remoteFork(ctx, req, tmp, hooks)
+	if err != nil {
+		cancel()
+		return err
+	}
+	res.RemoteForkMS = ms(time.Since(start))
+	// READY there: its identity chain's length after it ran, from this
+	// side's RUNNING.
+	for _, c := range res.Fork.Children {
+		if res.RunningMS == 0 {
+			res.RunningMS = ms(remoteStart.Sub(start)) + c.RunningMS
+		}
+		res.ReadyMS = max(res.ReadyMS, res.RunningMS+c.ReadyMS-c.RunningMS)
+	}
+	return nil
+}
+
+// startIncoming is startChild's live-path case (fork-serve --incoming):
+// the child's RAM is its own file, its state arrives by migration. A
+// watch kills the child's QEMU if the migration breaks (the link died:
+// its RAM is split across the hosts) so that its identity chain, stuck on
+// missing pages, fails at once; awaitIncoming waits for the end.
+func (mg *Manager) startIncoming(ctx context.Context, c *Machine, tpl *Template, h *incomingHooks) error {
+	lf, ok := mg.Driver.(LiveForker)
+	if !ok {
+		return fmt.Errorf("driver %q has no live path: %w", mg.Driver.Name(), ErrUnsupported)
+	}
+	def := mg.Store.MachinePaths(c.Name)
+	c.Paths.RAM, c.Paths.RAMShared = def.RAM, true
+	if err := mg.Store.SaveMachine(c); err != nil {
+		return err
+	}
+	if err := lf.StartIncoming(ctx, c, tpl, h.sock, h.listening); err != nil {
+		return err
+	}
+	if h.running != nil {
+		h.running()
+	}
+	return nil
+}
+
+// awaitIncoming waits until child c's RAM has all arrived. A migration
+// that breaks (the link died, the other side's QEMU died) kills c's QEMU
+// and fails.
+func (mg *Manager) awaitIncoming(ctx context.Context, c *Machine) error {
+	lf := mg.Driver.(LiveForker)
+	for {
+		st, err := lf.IncomingStatus(ctx, c)
+		switch {
+		case err != nil || st == "":
+			mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+			return fmt.Errorf("child %s: its QEMU is gone before its RAM arrived: %v", c.Name, err)
+		case st == "completed":
+			return nil
+		case st == "failed" || st == "postcopy-paused" || st == "cancelled":
+			// Neither host holds its whole RAM: lost.
+			mg.Driver.Stop(context.WithoutCancel(ctx), c, true)
+			return fmt.Errorf("child %s: its migration is %s (the link died): the child is lost", c.Name, st)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+

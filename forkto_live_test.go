@@ -1,0 +1,139 @@
+package vmfork
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestCheckIncomingSocket(t *testing.T) {
+	for s, ok := range map[string]bool{
+		"/tmp/vmfork-mig-0123456789ab/m.sock":     true,
+		"/tmp/vmfork-mig-0123456789AB/m.sock":     false,
+		"/tmp/vmfork-mig-0123456789ab/../m.sock":  false,
+		"/tmp/vmfork-mig-0123456789a/m.sock":      false,
+		"/var/run/vmfork-mig-0123456789ab/m.sock": false,
+		"":                                        false,
+	} {
+		if err := CheckIncomingSocket(s); (err == nil) != ok {
+			t.Errorf("CheckIncomingSocket(%q) = %v, want ok %v", s, err, ok)
+		}
+	}
+	local, remote := liveSockets()
+	if err := CheckIncomingSocket(remote); err != nil {
+		t.Errorf("liveSockets' remote socket %q: %v", remote, err)
+	}
+	if !strings.HasPrefix(filepath.Base(local), "vmfork-fwd-") || len(local) > 100 {
+		t.Errorf("liveSockets' local socket %q", local)
+	}
+}
+
+// The live path where it can run, copy where it cannot; postcopy asked
+// where it cannot run says why.
+func TestResolveForkToMode(t *testing.T) {
+	mg, _ := newTestManager(t) // the fake driver has no live path
+	if live, err := mg.resolveForkToMode(ForkToAuto, 1, nil); live || err != nil {
+		t.Errorf("auto on a driver without the live path = %v, %v; want copy", live, err)
+	}
+	if _, err := mg.resolveForkToMode(ForkToPostcopy, 1, nil); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "no live path") {
+		t.Errorf("postcopy on a driver without the live path = %v", err)
+	}
+	if _, err := mg.resolveForkToMode("fast", 1, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("mode fast = %v, want ErrInvalid", err)
+	}
+	mg.Driver = liveFake{mg.Driver}
+	for _, c := range []struct {
+		mode     string
+		children int
+		tpl      *Template
+		live     bool
+		err      string
+	}{
+		{ForkToAuto, 1, nil, true, ""},
+		{"", 1, &Template{ID: "t", HasMemory: true}, true, ""},
+		{ForkToCopy, 1, nil, false, ""},
+		{ForkToAuto, 2, nil, false, ""},
+		{ForkToPostcopy, 2, nil, false, "2 children"},
+		{ForkToPostcopy, 1, &Template{ID: "t"}, false, "holds no memory"},
+		{ForkToPostcopy, 1, &Template{ID: "t", HasMemory: true, Disks: []TemplateDisk{{ID: "d"}}}, false, "extra disks"},
+	} {
+		live, err := mg.resolveForkToMode(c.mode, c.children, c.tpl)
+		if live != c.live || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("resolveForkToMode(%q, %d, %+v) = %v, %v; want %v, %q", c.mode, c.children, c.tpl, live, err, c.live, c.err)
+		}
+	}
+}
+
+// liveFake is a driver that claims the live path (for the mode's choice).
+type liveFake struct{ Driver }
+
+func (liveFake) LoadTemplate(context.Context, *Template, string) (LoadedTemplate, error) {
+	return nil, ErrUnsupported
+}
+
+func (liveFake) StartIncoming(context.Context, *Machine, *Template, string, func() error) error {
+	return ErrUnsupported
+}
+
+func (liveFake) IncomingStatus(context.Context, *Machine) (string, error) { return "", nil }
+
+// The client end of the live path: the control lines before the result go
+// to the hook in order, the commit waits for beforeCommit, and an
+// unexpected line or a failed migration aborts without the commit.
+func TestRemoteForkLiveLines(t *testing.T) {
+	dir := t.TempDir()
+	ssh := filepath.Join(dir, "ssh")
+	script := `#!/bin/sh
+printf '%s\n' "$@" > ` + dir + `/args
+echo listening
+echo ${LINE:-running}
+echo '{"source":"fork-to-x","template":"t","pause_ms":0,"children":[{"name":"kid","pid":7,"state":"running","ports":[],"running_ms":5,"ready_ms":9}]}'
+read l; printf '%s' "$l" > ` + dir + `/got
+`
+	if err := os.WriteFile(ssh, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mg, _ := newTestManager(t)
+	req := ForkToRequest{Source: "src", Transfer: TransferRequest{Remote: Remote{Dest: "host2"}, SSH: ssh}, Names: []string{"kid"}}
+	var seen []string
+	var commitErr error
+	h := remoteHooks{
+		sshOpts:      []string{"-L", "/tmp/a.sock:/tmp/vmfork-mig-0123456789ab/m.sock"},
+		flags:        []string{"--incoming=/tmp/vmfork-mig-0123456789ab/m.sock"},
+		onLine:       func(l string) error { seen = append(seen, l); return map[bool]error{true: errors.New("unexpected line")}[l == "bogus"] },
+		beforeCommit: func() error { seen = append(seen, "check"); return commitErr },
+	}
+	res, err := mg.remoteFork(t.Context(), req, "fork-to-x", h)
+	if err != nil || len(res.Children) != 1 {
+		t.Fatalf("remoteFork = %+v, %v", res, err)
+	}
+	if want := []string{liveListening, liveRunning, "check"}; !slices.Equal(seen, want) {
+		t.Errorf("hooks saw %q, want %q", seen, want)
+	}
+	args, _ := os.ReadFile(filepath.Join(dir, "args"))
+	if !strings.Contains(string(args), "-L\n/tmp/a.sock:/tmp/vmfork-mig-0123456789ab/m.sock\n--\nhost2\n") ||
+		!strings.Contains(string(args), "fork-serve --json --incoming=/tmp/vmfork-mig-0123456789ab/m.sock fork-to-x kid") {
+		t.Errorf("ssh args:\n%s", args)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "got")); string(got) != forkCommit {
+		t.Errorf("the far end read %q, want the commit", got)
+	}
+	for _, c := range []struct{ line, err string }{{"bogus", "unexpected line"}, {"running", "migration broke"}} {
+		os.Remove(filepath.Join(dir, "got"))
+		t.Setenv("LINE", c.line)
+		commitErr = nil
+		if c.line == "running" {
+			commitErr = errors.New("migration broke")
+		}
+		if _, err := mg.remoteFork(t.Context(), req, "fork-to-x", h); err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("line %q: remoteFork = %v, want %q", c.line, err, c.err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dir, "got")); string(got) == forkCommit {
+			t.Errorf("line %q: committed", c.line)
+		}
+	}
+}
