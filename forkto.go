@@ -51,9 +51,9 @@ type ForkToRequest struct {
 	// Mode is ForkToAuto (""), ForkToCopy or ForkToPostcopy
 	// (forkto_live.go).
 	Mode string
-	// MaxPostcopyBandwidth bounds the live path's postcopy phase, in
-	// bytes/s (0: none); tests slow it to cut the link inside it.
-	MaxPostcopyBandwidth int64
+	// Migrate tunes the live path's migration (tests slow it, to cut the
+	// link inside it).
+	Migrate MigrateOptions
 }
 
 // ForkToResult is a fork onto another host's outcome. Its JSON form is a

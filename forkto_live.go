@@ -71,10 +71,20 @@ type LiveForker interface {
 type LoadedTemplate interface {
 	// Migrate migrates it with postcopy to the QEMU listening at sock,
 	// calls started once that one may run, and returns once the migration
-	// completed. maxPostcopyBps > 0 bounds the postcopy phase's bandwidth.
-	Migrate(ctx context.Context, sock string, maxPostcopyBps int64, started func()) (MigrationStats, error)
+	// completed.
+	Migrate(ctx context.Context, sock string, opt MigrateOptions, started func()) (MigrationStats, error)
 	// Close kills it and removes its files.
 	Close()
+}
+
+// MigrateOptions tune a live fork's migration; the zero value is the
+// product's (postcopy at once, no bound).
+type MigrateOptions struct {
+	// MaxBandwidth > 0 bounds the migration, in bytes/s.
+	MaxBandwidth int64
+	// PrecopyFor delays the switch to postcopy (tests cut the link before
+	// it).
+	PrecopyFor time.Duration
 }
 
 // MigrationStats is a live fork's migration. Its JSON form is a contract
@@ -296,7 +306,7 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 			case liveListening:
 				go func() {
 					defer close(migDone)
-					st, err := lt.Migrate(mctx, localSock, req.MaxPostcopyBandwidth, nil)
+					st, err := lt.Migrate(mctx, localSock, req.Migrate, nil)
 					res.Migration, migErr = &st, err
 				}()
 			case liveRunning:
@@ -382,4 +392,3 @@ func (mg *Manager) awaitIncoming(ctx context.Context, c *Machine) error {
 		}
 	}
 }
-

@@ -17,7 +17,7 @@ func TestCheckIncomingSocket(t *testing.T) {
 		"/tmp/vmfork-mig-0123456789ab/../m.sock":  false,
 		"/tmp/vmfork-mig-0123456789a/m.sock":      false,
 		"/var/run/vmfork-mig-0123456789ab/m.sock": false,
-		"":                                        false,
+		"": false,
 	} {
 		if err := CheckIncomingSocket(s); (err == nil) != ok {
 			t.Errorf("CheckIncomingSocket(%q) = %v, want ok %v", s, err, ok)
@@ -102,9 +102,12 @@ read l; printf '%s' "$l" > ` + dir + `/got
 	var seen []string
 	var commitErr error
 	h := remoteHooks{
-		sshOpts:      []string{"-L", "/tmp/a.sock:/tmp/vmfork-mig-0123456789ab/m.sock"},
-		flags:        []string{"--incoming=/tmp/vmfork-mig-0123456789ab/m.sock"},
-		onLine:       func(l string) error { seen = append(seen, l); return map[bool]error{true: errors.New("unexpected line")}[l == "bogus"] },
+		sshOpts: []string{"-L", "/tmp/a.sock:/tmp/vmfork-mig-0123456789ab/m.sock"},
+		flags:   []string{"--incoming=/tmp/vmfork-mig-0123456789ab/m.sock"},
+		onLine: func(l string) error {
+			seen = append(seen, l)
+			return map[bool]error{true: errors.New("unexpected line")}[l == "bogus"]
+		},
 		beforeCommit: func() error { seen = append(seen, "check"); return commitErr },
 	}
 	res, err := mg.remoteFork(t.Context(), req, "fork-to-x", h)

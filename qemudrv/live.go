@@ -101,7 +101,7 @@ func (d *Driver) LoadTemplate(ctx context.Context, t *vmfork.Template, dir strin
 // postcopy at once, so that the other end runs as soon as the device state
 // is there; it returns once the migration completed. started is called
 // once the other end may run.
-func (l *loaded) Migrate(ctx context.Context, sock string, maxPostcopyBps int64, started func()) (vmfork.MigrationStats, error) {
+func (l *loaded) Migrate(ctx context.Context, sock string, opt vmfork.MigrateOptions, started func()) (vmfork.MigrationStats, error) {
 	var st vmfork.MigrationStats
 	mon, err := qmp.Dial(ctx, l.m.Paths.QMP)
 	if err != nil {
@@ -113,14 +113,21 @@ func (l *loaded) Migrate(ctx context.Context, sock string, maxPostcopyBps int64,
 	if err := setCaps(ctx, mon, map[string]bool{qemustate.CapXIgnoreShared: false, capPostcopy: true}); err != nil {
 		return st, fmt.Errorf("migrate: capabilities: %w", err)
 	}
-	if maxPostcopyBps > 0 {
-		if err := mon.Execute(ctx, "migrate-set-parameters", map[string]any{"max-postcopy-bandwidth": maxPostcopyBps}, nil); err != nil {
+	if bps := opt.MaxBandwidth; bps > 0 {
+		if err := mon.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bps, "max-postcopy-bandwidth": bps}, nil); err != nil {
 			return st, fmt.Errorf("migrate: bandwidth: %w", err)
 		}
 	}
 	start := time.Now()
 	if err := mon.Execute(ctx, qemustate.CmdMigrate, map[string]string{"uri": "unix:" + sock}, nil); err != nil {
 		return st, fmt.Errorf("migrate: %w", err)
+	}
+	if opt.PrecopyFor > 0 {
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(opt.PrecopyFor):
+		}
 	}
 	if err := mon.Execute(ctx, "migrate-start-postcopy", nil, nil); err != nil {
 		return st, fmt.Errorf("migrate: start postcopy: %w", err)

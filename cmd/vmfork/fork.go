@@ -117,6 +117,11 @@ unfrozen, as a power cut would leave them.
 		if cliCtx.IsSet("to") {
 			return forkTo(cliCtx)
 		}
+		for _, f := range []string{"to-mode", "postcopy-bandwidth", "postcopy-after"} {
+			if cliCtx.IsSet(f) {
+				return usageError{fmt.Errorf("--%s goes with --to (fork onto another host)", f)}
+			}
+		}
 		req, err := forkRequest(cliCtx)
 		if err != nil {
 			return err

@@ -20,7 +20,8 @@ var forkToFlags = []cli.Flag{
 	transferFlags[0], transferFlags[1], transferFlags[2],
 	&cli.StringFlag{Name: "to-mode", Value: vmfork.ForkToAuto, Usage: "with --to: `auto`, copy or postcopy: how the instant travels (see FORK ONTO ANOTHER HOST)"},
 	// Tests slow the live path's postcopy phase to cut the link inside it.
-	&cli.Int64Flag{Name: "postcopy-bandwidth", Hidden: true, Usage: "with --to-mode postcopy: bound the postcopy phase to `BYTES`/s"},
+	&cli.Int64Flag{Name: "postcopy-bandwidth", Hidden: true, Usage: "with --to-mode postcopy: bound the migration to `BYTES`/s"},
+	&cli.DurationFlag{Name: "postcopy-after", Hidden: true, Usage: "with --to-mode postcopy: switch to postcopy only after this long"},
 }
 
 // forkToForwarded are the fork flags a fork --to hands on to the other
@@ -106,6 +107,9 @@ func forkTo(cliCtx *cli.Context) error {
 	if bw := cliCtx.Int64("postcopy-bandwidth"); bw < 0 {
 		return usageError{fmt.Errorf("--postcopy-bandwidth %d is negative", bw)}
 	}
+	if d := cliCtx.Duration("postcopy-after"); d < 0 {
+		return usageError{fmt.Errorf("--postcopy-after %v is negative", d)}
+	}
 	var remoteArgs []string
 	for _, f := range forkToForwarded {
 		if !cliCtx.IsSet(f) {
@@ -133,7 +137,7 @@ func forkTo(cliCtx *cli.Context) error {
 			Names:       req.Names,
 			Mode:        mode,
 
-			MaxPostcopyBandwidth: cliCtx.Int64("postcopy-bandwidth"),
+			Migrate: vmfork.MigrateOptions{MaxBandwidth: cliCtx.Int64("postcopy-bandwidth"), PrecopyFor: cliCtx.Duration("postcopy-after")},
 		})
 		return show(v, res, err, printForkTo)
 	})
