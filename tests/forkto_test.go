@@ -16,8 +16,9 @@ import (
 )
 
 type forkToJSON struct {
-	Host      string `json:"host"`
-	Mode      string `json:"mode"`
+	Host      string  `json:"host"`
+	Mode      string  `json:"mode"`
+	LoadedMS  float64 `json:"loaded_ms"`
 	Migration *struct {
 		Status       string  `json:"status"`
 		Bytes        int64   `json:"ram_bytes"`
