@@ -18,14 +18,15 @@ import (
 )
 
 // A fork onto another host (`vmfork fork SOURCE --to [USER@]HOST`, issue
-// 24 item 2). What runs today is step one of docs/TEMPLATES.md, "A fork
-// onto another host": the source's instant is frozen into a template here
+// 24 item 2). Two paths, docs/TEMPLATES.md "A fork onto another host". The
+// copy path (here): the source's instant is frozen into a template here
 // exactly as for a local fork (the same pause), the template travels by
 // push (only the chunks the other host lacks), and `vmfork fork-serve` on
 // the other host, run through ssh, forks it there: the child's identity
-// chain runs there as for a local child. The live path (a QEMU loaded from
-// the template here migrating to an -incoming QEMU there, postcopy so the
-// child runs before its RAM has arrived) is designed there, not built.
+// chain runs there as for a local child. The live path (forkto_live.go):
+// the same freeze, only the disks pushed, and the child started there by
+// postcopy migration from a QEMU loaded from the template here, so that it
+// runs before its RAM has arrived.
 //
 // Nothing half-made: the template is kept on each host under a name of
 // this fork's own for the fork's length only. The other host's fork-serve

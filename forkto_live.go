@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmfork/vmfork/overlay"
@@ -290,10 +291,11 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 	localSock, remoteSock := liveSockets()
 	defer os.Remove(localSock)
 	var (
-		migErr  error
-		migDone = make(chan struct{})
-		mctx    context.Context
-		cancel  context.CancelFunc
+		migStarted atomic.Bool
+		migErr     error
+		migDone    = make(chan struct{})
+		mctx       context.Context
+		cancel     context.CancelFunc
 	)
 	mctx, cancel = context.WithCancel(ctx)
 	defer cancel()
@@ -304,6 +306,7 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 		onLine: func(line string) error {
 			switch line {
 			case liveListening:
+				migStarted.Store(true)
 				go func() {
 					defer close(migDone)
 					st, err := lt.Migrate(mctx, localSock, req.Migrate, nil)
@@ -328,7 +331,23 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 	}
 	res.Fork, err = mg.remoteFork(ctx, req, tmp, hooks)
 	if err != nil {
+		// Where the migration was when the link died says what was lost:
+		// "failed" before the switchover (nothing ran there),
+		// "postcopy-paused" after it (the child's RAM split: lost).
+		status := ""
+		if migStarted.Load() {
+			select {
+			case <-migDone:
+				if res.Migration != nil {
+					status = res.Migration.Status
+				}
+			case <-time.After(5 * time.Second):
+			}
+		}
 		cancel()
+		if status != "" {
+			return fmt.Errorf("%w (migration %s)", err, status)
+		}
 		return err
 	}
 	res.RemoteForkMS = ms(time.Since(start))

@@ -108,19 +108,22 @@ func TestForkTo(t *testing.T) {
 		what, when string
 		now        func() bool
 		flags      []string
+		// migration is where host a's loaded QEMU's migration ended, as
+		// the error reports it: the proof that the cut landed there.
+		migration string
 	}{
-		{"template serve", "in the push", func() bool { return true }, nil},
-		{"fork-serve", "as the fork there begins", func() bool { return true }, nil},
+		{"template serve", "in the push", func() bool { return true }, nil, ""},
+		{"fork-serve", "as the fork there begins", func() bool { return true }, nil, ""},
 		{"fork-serve", "before the switchover", func() bool { return len(b.qemuProcesses()) > 0 },
-			append([]string{"--postcopy-after", "4s"}, slow...)},
-		{"fork-serve", "right after the switchover", childRuns, slow},
+			append([]string{"--postcopy-after", "4s"}, slow...), "(migration failed)"},
+		{"fork-serve", "right after the switchover", childRuns, slow, "(migration postcopy-paused)"},
 		{"fork-serve", "during postcopy", func() bool {
 			if !childRuns() {
 				return false
 			}
 			time.Sleep(2 * time.Second)
 			return true
-		}, slow},
+		}, slow, "(migration postcopy-paused)"},
 	} {
 		args := append(append([]string{"fork", "src", "kid", "--to", b.addr, "--to-mode", "postcopy"}, cut.flags...), r.forkTo()...)
 		res := a.cutSSH(t, cut.what, cut.now, args...)
@@ -129,6 +132,9 @@ func TestForkTo(t *testing.T) {
 		} else {
 			lines := strings.Split(strings.TrimSpace(res.stderr), "\n")
 			t.Logf("link cut %s: exit %d: %s", cut.when, res.code, lines[len(lines)-1])
+			if !strings.Contains(res.stderr, cut.migration) {
+				t.Errorf("link cut %s: the error does not say %q: %s", cut.when, cut.migration, lines[len(lines)-1])
+			}
 		}
 		nothingLeft("the link cut " + cut.when)
 		if qs := a.qemuProcesses(); len(qs) != 1 {

@@ -38,9 +38,9 @@ const forkToHelp = `
 FORK ONTO ANOTHER HOST: --to [USER@]HOST makes the children on HOST, a host
 that runs vmfork (--remote-vmfork) and that ssh reaches (--ssh). SOURCE's
 instant is frozen here as for a local fork (the same pause; a kept template
-is not touched), pushed as "template push" does (only the chunks HOST
-lacks, checked against HOST's QEMU first), and forked there; each child's
-identity chain runs there. The children are machines of HOST: "ssh HOST
+is not touched), sent as "template push" does (only the chunks HOST lacks,
+checked against HOST's QEMU first; see --to-mode for what is sent), and
+forked there; each child's identity chain runs there. The children are machines of HOST: "ssh HOST
 vmfork ls". If the link or either side dies before the fork is committed,
 HOST removes what it made and nothing is left here but SOURCE, running.
 
