@@ -411,3 +411,22 @@ func (mg *Manager) awaitIncoming(ctx context.Context, c *Machine) error {
 		}
 	}
 }
+
+// ForkToOrphanAfter is how long a template kept under a fork --to's name
+// (fork-to-<12 hex>) may stay on the host it was pushed to: a fork's
+// template lives for the fork's length only (seconds to minutes), and one
+// still there an hour after its freeze was left by a fork whose link died
+// before either side could give it up (forkto.go:giveUpRemote). `gc` (the
+// reaper's Reap) gives it up then, as it gives up an expired one.
+const ForkToOrphanAfter = time.Hour
+
+var forkToNameRE = regexp.MustCompile(`^fork-to-[0-9a-f]{12}$`)
+
+// forkToOrphanDeadline is when kept template t, if it is a fork --to's,
+// counts as orphaned; zero for any other.
+func forkToOrphanDeadline(t *Template) time.Time {
+	if !forkToNameRE.MatchString(t.Name) || t.Created.IsZero() {
+		return time.Time{}
+	}
+	return t.Created.Add(ForkToOrphanAfter)
+}

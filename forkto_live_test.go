@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestCheckIncomingSocket(t *testing.T) {
@@ -138,5 +139,41 @@ read l; printf '%s' "$l" > ` + dir + `/got
 		if got, _ := os.ReadFile(filepath.Join(dir, "got")); string(got) == forkCommit {
 			t.Errorf("line %q: committed", c.line)
 		}
+	}
+}
+
+// A template kept under a fork --to's name is given up by gc's reaping an
+// hour after its freeze (its fork's link died before either side could);
+// a younger one, and one of any other name, stay.
+func TestReapGivesUpOrphanedForkToTemplates(t *testing.T) {
+	mg, _ := newTestManager(t)
+	bootFake(t, mg, "src")
+	for _, name := range []string{"fork-to-0123456789ab", "fork-to-golden"} {
+		if _, err := mg.Keep(t.Context(), KeepRequest{Source: "src", Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := mg.Store.FindKept("fork-to-0123456789ab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.Reap(t.Context(), k.Created.Add(ForkToOrphanAfter-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mg.Store.FindKept("fork-to-0123456789ab"); err != nil {
+		t.Errorf("a fork-to template younger than %v was given up: %v", ForkToOrphanAfter, err)
+	}
+	res, err := mg.Reap(t.Context(), k.Created.Add(ForkToOrphanAfter+time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Released, []string{"fork-to-0123456789ab"}) {
+		t.Errorf("reaped %v, want the orphaned fork-to template alone", res.Released)
+	}
+	if _, err := mg.Store.FindKept("fork-to-0123456789ab"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the orphaned fork-to template is still kept: %v", err)
+	}
+	if _, err := mg.Store.FindKept("fork-to-golden"); err != nil {
+		t.Errorf("a template of another name was given up: %v", err)
 	}
 }

@@ -212,11 +212,15 @@ func (mg *Manager) Reap(ctx context.Context, now time.Time) (ReapResult, error) 
 		return res, err
 	}
 	for _, t := range ts {
-		if t.Name == "" || t.Expires.IsZero() || t.Driver != mg.Driver.Name() {
+		exp := t.Expires
+		if exp.IsZero() {
+			exp = forkToOrphanDeadline(t) // forkto_live.go
+		}
+		if t.Name == "" || exp.IsZero() || t.Driver != mg.Driver.Name() {
 			continue
 		}
-		if now.Before(t.Expires) {
-			res.wait(t.Expires)
+		if now.Before(exp) {
+			res.wait(exp)
 			continue
 		}
 		if _, err := mg.Unkeep(ctx, t.Name); err != nil && !errors.Is(err, ErrNotFound) {
