@@ -277,6 +277,9 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 	push := req.Transfer
 	push.Remote.Name = tmp
 	res.Push, err = mg.pushDisks(ctx, push, local)
+	if err != nil {
+		cancelLoad() // no use for it: stop its start
+	}
 	lr := <-loadc
 	lt = lr.lt
 	if err != nil {
@@ -306,7 +309,9 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 		onLine: func(line string) error {
 			switch line {
 			case liveListening:
-				migStarted.Store(true)
+				if migStarted.Swap(true) {
+					return errors.New("the other host said it listens twice")
+				}
 				go func() {
 					defer close(migDone)
 					st, err := lt.Migrate(mctx, localSock, req.Migrate, nil)
