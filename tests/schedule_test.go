@@ -37,7 +37,6 @@ func testSlots() int {
 // a stale one costs minutes of tail, never a failure.
 var expectedSeconds = map[string]int{
 	"TestForkTo":                         55,
-	"TestForkTo":                         55,
 	"TestStopKeepsChildWrites":           45,
 	"TestIdentityDebian/ifupdown-dbus":   140,
 	"TestIdentityDebian/ifupdown-nodbus": 140,
