@@ -121,6 +121,7 @@ type attachment struct {
 	Machine
 	quit chan struct{}
 	kick chan struct{}
+	done chan struct{} // closed when serveMachine has closed its stream
 	// Guarded by Server.mu.
 	connected bool
 	since     time.Time
@@ -343,7 +344,15 @@ func (s *Server) Attach(m Machine) error {
 		return err
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	var old *attachment
+	// The replaced stream is closed before Attach returns (outside the
+	// lock: serveMachine takes it on its way out).
+	defer func() {
+		s.mu.Unlock()
+		if old != nil {
+			<-old.done
+		}
+	}()
 	if s.closing || s.store == nil {
 		return errClosing
 	}
@@ -356,8 +365,9 @@ func (s *Server) Attach(m Machine) error {
 			return nil
 		}
 		close(a.quit)
+		old = a
 	}
-	a := &attachment{Machine: m, quit: make(chan struct{}), kick: make(chan struct{}, 1), since: time.Now()}
+	a := &attachment{Machine: m, quit: make(chan struct{}), kick: make(chan struct{}, 1), done: make(chan struct{}), since: time.Now()}
 	s.machines[m.Name] = a
 	s.emptySince = time.Time{}
 	s.wg.Add(1)
@@ -371,14 +381,21 @@ func (s *Server) Attach(m Machine) error {
 // (the Client then edits the saved registrations once it is gone).
 func (s *Server) Detach(name string) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closing {
+		s.mu.Unlock()
 		return errClosing
 	}
-	if a := s.machines[name]; a != nil {
+	a := s.machines[name]
+	if a != nil {
 		delete(s.machines, name)
 		close(a.quit)
 		s.save()
+	}
+	s.mu.Unlock()
+	// The stream is closed when Detach returns: a caller that detaches a
+	// machine before it goes (stop, rm) must not race its last answers.
+	if a != nil {
+		<-a.done
 	}
 	return nil
 }
@@ -426,6 +443,7 @@ func (s *Server) setConnected(a *attachment, c bool) {
 // each disconnection, until the machine is detached or dropped.
 func (s *Server) serveMachine(a *attachment) {
 	defer s.wg.Done()
+	defer close(a.done)
 	log := s.log.WithFields(logrus.Fields{"machine": a.Name, "family": a.Family})
 	sess := &session{store: s.store, family: a.Family, machine: a.Name, bucket: newBucket(s.opts.Rate), now: time.Now, log: log}
 	ctx, cancel := context.WithCancel(context.Background())
