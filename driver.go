@@ -193,3 +193,25 @@ type LayerDropper interface {
 	// read layer, so the caller keeps the template.
 	DropLayer(ctx context.Context, m *Machine, layer string) error
 }
+
+// ActiveLayerReporter is the optional driver capability to ask a running
+// machine's QEMU which image each of its disks writes (the active layer).
+// The crash repair of a freeze (journal.go:repairSourceDisk) asks it: a
+// driver that opens a disk's next top before the pause (qemudrv) makes
+// QEMU hold that image before the switch, so a held image is not proof
+// that the disk was switched to it. A driver without it (libvirtdrv:
+// libvirt opens the new top only inside its snapshot call, in the pause)
+// is asked through the image locks instead.
+type ActiveLayerReporter interface {
+	// ActiveLayers returns the file each disk of running m writes, as
+	// its QEMU names it (hard links: compare with overlay.SameFile).
+	ActiveLayers(ctx context.Context, m *Machine) (ActiveLayers, error)
+}
+
+// ActiveLayers is what ActiveLayerReporter returns: the active layer of
+// the boot disk and of each extra disk by DiskSpec.ID; "" or absent where
+// QEMU has no such disk.
+type ActiveLayers struct {
+	Disk  string
+	Disks map[string]string
+}

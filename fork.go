@@ -468,7 +468,7 @@ func (mg *Manager) repairFork(ctx context.Context, e journalEntry) (done bool, e
 	}
 	if src, err := mg.Store.LoadMachine(e.Source); err == nil && src.Driver == mg.Driver.Name() {
 		if tpl != nil {
-			if err := mg.repairSourceDisk(src, tpl); err != nil {
+			if err := mg.repairSourceDisk(ctx, src, tpl); err != nil {
 				return false, fmt.Errorf("repair %q after an interrupted %s: %w", e.Source, e.Op, err)
 			}
 		}

@@ -442,7 +442,7 @@ func (mg *Manager) repairHibernate(ctx context.Context, e journalEntry) (done bo
 	// Not committed: the machine runs on (resumed if the freeze left it
 	// paused), on the disk the freeze switched it to.
 	if terr == nil {
-		if err := mg.repairSourceDisk(m, t); err != nil {
+		if err := mg.repairSourceDisk(ctx, m, t); err != nil {
 			return fail(err)
 		}
 	}

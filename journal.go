@@ -245,7 +245,7 @@ func (mg *Manager) repairMachines(ctx context.Context, e journalEntry) (done boo
 // pause; the record learns of it only after the freeze returns. Without
 // this the template's frozen images, which the record does not know to be
 // under the source, would be collected from under the source.
-func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
+func (mg *Manager) repairSourceDisk(ctx context.Context, src *Machine, tpl *Template) error {
 	record := func(top string) error {
 		if err := mg.Store.SaveMachine(src); err != nil {
 			return err
@@ -253,8 +253,13 @@ func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
 		mg.Log.WithFields(logrus.Fields{"machine": src.Name, "disk": top}).Warn("recorded the disk an interrupted fork had switched the machine to")
 		return nil
 	}
+	active := mg.activeLayers(ctx, src)
 	if src.Spec.Disk != "" && tpl.Paths.Disk != "" && !tpl.ForeignDisk {
-		top, err := switchedTop(filepath.Join(filepath.Dir(src.Paths.Disk), "disk*.qcow2"), src.Paths.Disk, tpl.Paths.Disk)
+		writes := heldBy
+		if active != nil {
+			writes = isActive(active.Disk)
+		}
+		top, err := switchedTop(filepath.Join(filepath.Dir(src.Paths.Disk), "disk*.qcow2"), src.Paths.Disk, tpl.Paths.Disk, writes)
 		if err != nil {
 			return err
 		}
@@ -270,7 +275,11 @@ func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
 		if !td.Frozen() || !ok {
 			continue
 		}
-		top, err := switchedTop(filepath.Join(src.Paths.Dir, "xdisk-"+td.ID+".*qcow2"), cur.File, td.File)
+		writes := heldBy
+		if active != nil {
+			writes = isActive(active.Disks[td.ID])
+		}
+		top, err := switchedTop(filepath.Join(src.Paths.Dir, "xdisk-"+td.ID+".*qcow2"), cur.File, td.File, writes)
 		if err != nil {
 			return err
 		}
@@ -284,13 +293,50 @@ func (mg *Manager) repairSourceDisk(src *Machine, tpl *Template) error {
 	return nil
 }
 
+// activeLayers asks src's QEMU which image each disk writes, when the
+// driver can say (ActiveLayerReporter) and the QEMU runs; nil otherwise,
+// and the repair asks the image locks (heldBy). With no QEMU nothing
+// holds or writes any prepared top: all of them go and the record keeps
+// the tops it names (what a guest wrote to a switched top before its QEMU
+// died goes with it; the disk is as it was at the pause).
+func (mg *Manager) activeLayers(ctx context.Context, src *Machine) *ActiveLayers {
+	r, ok := mg.Driver.(ActiveLayerReporter)
+	if !ok {
+		return nil
+	}
+	if st, _ := mg.Driver.Status(ctx, src); st == StateStopped {
+		return nil
+	}
+	a, err := r.ActiveLayers(ctx, src)
+	if err != nil {
+		// Better than leaving the source paused: the locks are right but
+		// in the moment between the freeze's link and its switch.
+		mg.Log.WithField("machine", src.Name).WithError(err).Warn("could not ask QEMU which disk images it writes: repairing by the image locks")
+		return nil
+	}
+	return &a
+}
+
+// heldBy reports whether a process holds top open (QEMU's image lock).
+func heldBy(top string) (bool, error) { return overlay.InUse(top) }
+
+// isActive returns a test of whether top is active, the image QEMU
+// reports a disk writes ("" when QEMU has no such disk).
+func isActive(active string) func(string) (bool, error) {
+	return func(top string) (bool, error) {
+		return active != "" && overlay.SameFile(active, top), nil
+	}
+}
+
 // switchedTop returns which of the images matching pattern, other than
 // cur (the top the record names), an interrupted freeze switched a disk
-// to: an overlay directly on frozen that a process holds open (QEMU's
-// image lock); "" when none is. One such overlay that nobody holds was
+// to: an overlay directly on frozen that writes says is written (the
+// active layer QEMU reports, or, where it cannot be asked, an image a
+// process holds open); "" when none is. Every other such overlay was
 // never switched to, or its QEMU is gone: the switch happens inside the
-// pause, so the guest wrote nothing to it, and it is removed.
-func switchedTop(pattern, cur, frozen string) (string, error) {
+// pause, so the guest wrote nothing to it, and it is removed (a QEMU that
+// opened it ahead of the switch keeps its open file until it exits).
+func switchedTop(pattern, cur, frozen string, writes func(top string) (bool, error)) (string, error) {
 	tops, _ := filepath.Glob(pattern)
 	switched := ""
 	for _, top := range tops {
@@ -301,11 +347,11 @@ func switchedTop(pattern, cur, frozen string) (string, error) {
 		if err != nil || k != 1 || len(chain) < 2 {
 			continue // not an overlay made on this frozen image
 		}
-		busy, err := overlay.InUse(top)
+		w, err := writes(top)
 		if err != nil {
 			return "", err
 		}
-		if !busy {
+		if !w {
 			os.Remove(top)
 			continue
 		}

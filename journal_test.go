@@ -1,6 +1,7 @@
 package vmfork
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -252,7 +253,7 @@ func TestRepairSourceDisk(t *testing.T) {
 	holdImage(t, dataHeld)
 	holdImage(t, scratchOther)
 
-	if err := mg.repairSourceDisk(src, tpl); err != nil {
+	if err := mg.repairSourceDisk(t.Context(), src, tpl); err != nil {
 		t.Fatal(err)
 	}
 	saved, err := mg.Store.LoadMachine("src")
@@ -276,6 +277,87 @@ func TestRepairSourceDisk(t *testing.T) {
 		}
 	}
 	for _, f := range []string{bootHeld, dataHeld, bootOther, scratchOther, other} {
+		if !pathExists(f) {
+			t.Errorf("%s was removed, want it left", f)
+		}
+	}
+}
+
+// activeFake is the fake driver with ActiveLayerReporter: layers is what
+// its QEMU says each disk writes.
+type activeFake struct {
+	*fakeDriver
+	layers ActiveLayers
+}
+
+func (d activeFake) ActiveLayers(context.Context, *Machine) (ActiveLayers, error) {
+	return d.layers, nil
+}
+
+// TestRepairSourceDiskActiveLayer: where the driver can ask the running
+// QEMU which image each disk writes, the repair records that one and not
+// the image QEMU merely holds. qemudrv opens every disk's next top before
+// the pause, so a vmfork killed between the freeze's hard link and its
+// switch leaves a held prepared top that the guest does not write: the
+// boot disk here (active: the record's top), which the lock check alone
+// recorded. The extra disk was switched (active: its prepared top).
+func TestRepairSourceDiskActiveLayer(t *testing.T) {
+	ctx := t.Context()
+	mg, fd := newTestManager(t)
+	src := &Machine{Name: "src", Driver: "fake", State: StateRunning, Paths: mg.Store.MachinePaths("src"),
+		Spec: Spec{Disk: "/base", Disks: []DiskSpec{{ID: "data", File: "/data"}}}}
+	if err := mg.Store.CreateMachine(src); err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := mg.Store.NewTemplate("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl.Paths.Disk = filepath.Join(tpl.Paths.Dir, "disk.qcow2")
+	tpl.Disks = []TemplateDisk{{ID: "data", Policy: DiskCow, File: templateDiskFile(tpl.Paths.Dir, "data"), Owned: true}}
+	other := filepath.Join(t.TempDir(), "other.qcow2")
+	for _, f := range []string{tpl.Paths.Disk, tpl.Disks[0].File, other} {
+		if err := overlay.CreateEmpty(ctx, 1<<20, f); err != nil {
+			t.Fatalf("qemu-img (make deps installs qemu-utils): %v", err)
+		}
+	}
+	mk := func(base, top string) string {
+		t.Helper()
+		p := filepath.Join(src.Paths.Dir, top)
+		if err := overlay.Create(ctx, base, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bootCur := mk(other, "disk.qcow2")
+	src.Paths.Disk = bootCur
+	src.Paths.Disks = map[string]DiskFile{"data": {File: mk(other, "xdisk-data.qcow2")}}
+	bootPrepared := mk(tpl.Paths.Disk, "disk.1.qcow2")
+	dataPrepared := mk(tpl.Disks[0].File, "xdisk-data.1.qcow2")
+	holdImage(t, bootPrepared) // opened ahead of the switch, never switched to
+	holdImage(t, dataPrepared)
+	fd.running["src"] = true
+	// QEMU names the switched top by a json: filename (imageFile), here
+	// by its path: either way a name for the same file.
+	mg.Driver = activeFake{fd, ActiveLayers{Disk: bootCur, Disks: map[string]string{"data": dataPrepared}}}
+
+	if err := mg.repairSourceDisk(ctx, src, tpl); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := mg.Store.LoadMachine("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saved.Paths.Disk != bootCur || src.Paths.Disk != bootCur {
+		t.Errorf("boot disk top = %s (saved %s), want %s, the top QEMU writes, not the held prepared top", src.Paths.Disk, saved.Paths.Disk, bootCur)
+	}
+	if got := saved.Paths.Disks["data"]; got != (DiskFile{File: dataPrepared}) {
+		t.Errorf("extra disk data = %+v, want the active prepared top %s", got, dataPrepared)
+	}
+	if pathExists(bootPrepared) {
+		t.Errorf("prepared top %s that QEMU holds but does not write is still there", bootPrepared)
+	}
+	for _, f := range []string{bootCur, dataPrepared} {
 		if !pathExists(f) {
 			t.Errorf("%s was removed, want it left", f)
 		}
