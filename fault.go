@@ -13,6 +13,11 @@ const (
 	// FaultForkReserved: a fork's journal entry and children's records
 	// exist; the source is not paused yet.
 	FaultForkReserved = "fork.reserved"
+	// FaultFreezeLinked: the source is paused and its disks' images are
+	// linked into the template as its frozen images; the switch to the
+	// next tops, which QEMU has held open since before the pause, has not
+	// happened (driver: qemudrv switchDisk).
+	FaultFreezeLinked = "freeze.linked"
 	// FaultFreezePaused: the source is paused, its disk switched and its
 	// device state saved; its RAM is not frozen yet (driver).
 	FaultFreezePaused = "freeze.paused"
@@ -53,6 +58,7 @@ var FaultPoints = []string{
 	FaultForkRunning, FaultForkIdentity, FaultSaveReserved, FaultSaveFrozen,
 	FaultPoolFilled, FaultPoolTaken, FaultRmStopped, FaultRmRemoving,
 	FaultHibernateFrozen, FaultHibernateCommitted, FaultResumeRunning, // hibernate.go
+	FaultFreezeLinked,                     // qemudrv; crash_xdisk_test.go
 	FaultRewindRunning,                    // checkpoint.go
 	FaultStartRunning,                     // start.go
 	FaultDiskOnlyFrozen,                   // diskonly.go

@@ -183,6 +183,7 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 	}
 	w.OnFailure(func(context.Context) error { return os.Remove(t.Paths.Disk) })
 	if len(p.extras) == 0 {
+		vmfork.Fault(vmfork.FaultFreezeLinked, src.PID)
 		if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": p.topNode, "overlay": p.node}, nil); err != nil {
 			return err
 		}
@@ -203,6 +204,7 @@ func switchDisk(ctx context.Context, mon *qmp.Monitor, src *vmfork.Machine, t *v
 			w.OnFailure(func(context.Context) error { return os.Remove(x.frozen) })
 			actions = append(actions, map[string]any{"type": "blockdev-snapshot", "data": map[string]any{"node": x.topNode, "overlay": x.node}})
 		}
+		vmfork.Fault(vmfork.FaultFreezeLinked, src.PID)
 		if err := mon.Execute(ctx, "transaction", map[string]any{"actions": actions}, nil); err != nil {
 			return err
 		}

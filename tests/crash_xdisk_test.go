@@ -41,6 +41,9 @@ func xdiskCases() []crashCase {
 	return []crashCase{
 		row("xdisk-fork-reserved", vmfork.FaultForkReserved),
 		row("xdisk-fork-paused", vmfork.FaultFreezePaused),
+		// Between the links and the switch: QEMU holds the next tops
+		// (opened before the pause) but writes the old ones.
+		row("xdisk-fork-linked", vmfork.FaultFreezeLinked),
 		row("xdisk-fork-frozen", vmfork.FaultForkFrozen),
 		row("xdisk-fork-spawned", vmfork.FaultQEMUSpawned),
 		row("xdisk-fork-running", vmfork.FaultForkRunning),
