@@ -38,12 +38,15 @@ func xdiskCases() []crashCase {
 		x := &xdiskRow{}
 		return crashCase{name: name, fault: fault, victim: true, matrixOnly: true, victimBoot: x.bootArgs, prep: x.prep, after: x.after}
 	}
+	linked := row("xdisk-fork-linked", vmfork.FaultFreezeLinked)
+	linked.matrixOnly = false
 	return []crashCase{
 		row("xdisk-fork-reserved", vmfork.FaultForkReserved),
 		row("xdisk-fork-paused", vmfork.FaultFreezePaused),
 		// Between the links and the switch: QEMU holds the next tops
-		// (opened before the pause) but writes the old ones.
-		row("xdisk-fork-linked", vmfork.FaultFreezeLinked),
+		// (opened before the pause) but writes the old ones. The only
+		// case of its point, so make test's slice runs it too (10 s).
+		linked,
 		row("xdisk-fork-frozen", vmfork.FaultForkFrozen),
 		row("xdisk-fork-spawned", vmfork.FaultQEMUSpawned),
 		row("xdisk-fork-running", vmfork.FaultForkRunning),

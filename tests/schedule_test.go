@@ -46,7 +46,7 @@ var expectedSeconds = map[string]int{
 	"TestConformanceDebian/qemu":         120,
 	"TestContractSecretsDebian":          135,
 	"TestSecretFilesDebian":              130,
-	"TestCrashMatrix":                    150,
+	"TestCrashMatrix":                    160,
 	"TestAnsibleDebianModules":           130,
 	"TestLedgerForkRace":                 110,
 	"TestCrashMatrixLibvirt":             100,
