@@ -105,6 +105,13 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if err := d.checkChild(ctx, dom, mon, child, t, remap); err != nil {
 		return err
 	}
+	// The one round of RARP frames QEMU sends as the load ends
+	// (domainxml.go: migration.announce-rounds) carries the source's MAC:
+	// the backend's link is down from before the load until SetLink
+	// raises it, once the identity chain has run.
+	if _, err := d.backendLink(ctx, dom, mon, false); err != nil {
+		return err
+	}
 	if err := d.loadDeviceState(ctx, mon, t); err != nil {
 		if tail := logTail(qemuLog(d.uri, child.Name, ""), 3); tail != "" {
 			err = fmt.Errorf("%w: %s", err, tail)
@@ -225,7 +232,36 @@ func (d *Driver) SetLink(ctx context.Context, m *vmfork.Machine, up bool) error 
 	if err := d.setLink(ctx, dom, up); err != nil {
 		return fmt.Errorf("set link: %w", err)
 	}
+	if up {
+		if _, err := d.backendLink(ctx, dom, d.monitor(dom, m), true); err != nil {
+			return fmt.Errorf("set link: %w", err)
+		}
+	}
 	return nil
+}
+
+// backendLink sets the link of the first interface's backend (libvirt's
+// netdev "host" + the interface's alias) over QMP, where libvirt has no
+// call for it: its link state is the NIC's, and a NIC's link does not stop
+// what QEMU queued before it went down. It returns the netdev's id, "" for
+// a domain without an interface (nothing to announce, nothing set).
+func (d *Driver) backendLink(ctx context.Context, dom *libvirt.Domain, mon monitor, up bool) (string, error) {
+	_, live, err := liveXML(ctx, dom, 0)
+	if err != nil {
+		return "", err
+	}
+	if live.Devices == nil || len(live.Devices.Interfaces) == 0 {
+		return "", nil
+	}
+	alias := "net0"
+	if a := live.Devices.Interfaces[0].Alias; a != nil && a.Name != "" {
+		alias = a.Name
+	}
+	id := "host" + alias
+	if err := mon.Execute(ctx, "set_link", map[string]any{"name": id, "up": up}, nil); err != nil {
+		return "", fmt.Errorf("set backend %s link up=%v: %w", id, up, err)
+	}
+	return id, nil
 }
 
 func (d *Driver) setLink(ctx context.Context, dom *libvirt.Domain, up bool) error {

@@ -23,6 +23,14 @@ import (
 // for every descendant, whose streams of either kind carry no configuration
 // section, which their own children, inheriting them too, expect.
 func addDevicesOnlyArgs(d *libvirtxml.Domain) {
+	// A device state without RAM blocks leaves the firmware's (pc.bios)
+	// empty: QEMU copies ROMs into guest memory at reset but not when it
+	// waits for an incoming load. A guest that reboots would spin on
+	// zeros at the reset vector; with on_reboot=destroy (QEMU's
+	// -no-reboot) the domain ends instead, its disks flushed, and the
+	// machine is stopped, to be started from its disk, as on the embedded
+	// driver (docs/RELIABILITY.md).
+	d.OnReboot = "destroy"
 	if d.QEMUCommandline == nil {
 		d.QEMUCommandline = &libvirtxml.DomainQEMUCommandline{}
 	}

@@ -40,6 +40,9 @@ func TestAddDevicesOnlyArgs(t *testing.T) {
 	if !strings.Contains(got, "-incoming defer") {
 		t.Errorf("args %q lost -incoming defer", got)
 	}
+	if d.OnReboot != "destroy" {
+		t.Errorf("on_reboot %q, want destroy: a reboot would spin on an empty firmware", d.OnReboot)
+	}
 
 	// The grandchild: the child's XML is its source's.
 	gc := testChild()

@@ -277,10 +277,15 @@ func ChildXML(sourceXML string, c *vmfork.Machine, md Metadata) (*libvirtxml.Dom
 	// its own; QEMU 7.2 cannot set x-ignore-shared on its command line, so
 	// the stream is loaded later over QMP (reference §9).
 	d.QEMUCommandline.Args = append(d.QEMUCommandline.Args,
-		// After the load QEMU would announce the NIC with RARP frames and
-		// have the guest announce the source's addresses: on a shared
-		// network that steals the source's traffic (network.go).
-		libvirtxml.DomainQEMUCommandlineArg{Value: "-global"}, libvirtxml.DomainQEMUCommandlineArg{Value: "migration.announce-rounds=0"},
+		// After the load QEMU announces the NIC with RARP frames and has
+		// the guest announce the source's addresses: on a shared network
+		// that steals the source's traffic (network.go). One round, not
+		// none: with 0 QEMU 7.2's virtio-net frees its announce timer at
+		// the load and segfaults at the guest's next reset (power-off,
+		// reboot; docs/RELIABILITY.md). The round goes nowhere: the
+		// backend's link is down over the load and the NIC's before the
+		// guest runs (child.go), until the identity chain has run.
+		libvirtxml.DomainQEMUCommandlineArg{Value: "-global"}, libvirtxml.DomainQEMUCommandlineArg{Value: "migration.announce-rounds=1"},
 		libvirtxml.DomainQEMUCommandlineArg{Value: "-incoming"}, libvirtxml.DomainQEMUCommandlineArg{Value: "defer"})
 	return d, nil
 }

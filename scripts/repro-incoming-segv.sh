@@ -14,7 +14,8 @@
 # Prints SEGFAULT with the kernel's line when the child's QEMU crashed, and
 # exits 1 when it crashed or the write was lost. Runs in a temporary state
 # and mem dir, removed at the end. Needs root (dmesg) and the guest images
-# in /var/cache/vmfork/guest.
+# in /var/cache/vmfork/guest. VMFORK_CONNECT=qemu:///system runs it on the
+# libvirt driver (after `vmfork libvirt setup` with the same binary).
 #
 # The crash: with -global migration.announce-rounds=0 virtio-net's
 # post_load frees its announce timer, and the next virtio-net reset (the
@@ -32,7 +33,9 @@ case $mode in poweroff | reboot) ;; *)
 esac
 dir=$(mktemp -d /tmp/vmfork-segv.XXXXXX)
 mem=$(mktemp -d /dev/shm/vmfork-segv.XXXXXX)
-v() { "$bin" --state-dir "$dir/state" --mem-dir "$mem" "$@"; }
+connect=()
+if [ -n "${VMFORK_CONNECT:-}" ]; then connect=(--connect "$VMFORK_CONNECT"); fi
+v() { "$bin" "${connect[@]}" --state-dir "$dir/state" --mem-dir "$mem" "$@"; }
 cleanup() {
 	v rm -f src kid >/dev/null 2>&1 || true
 	rm -rf "$dir" "$mem"
@@ -50,7 +53,7 @@ tids=$(ls /proc/"$pid"/task | paste -sd'|')
 # In the background, so exec returns before the guest goes.
 v exec kid -- sh -c "(sleep 0.3; $mode -f) >/dev/null 2>&1 &"
 fail=0
-segv() { dmesg | grep -E "qemu-system-x86\[($tids)\]: segfault" || true; }
+segv() { dmesg | grep -E "\[($tids)\]: segfault" || true; }
 if [ "$mode" = poweroff ]; then
 	for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 	if kill -0 "$pid" 2>/dev/null; then
