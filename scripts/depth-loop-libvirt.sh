@@ -17,6 +17,10 @@
 #
 #   scripts/depth-loop-libvirt.sh bin/vmfork
 #   DEPTH=0 scripts/depth-loop-libvirt.sh bin/vmfork     (the loop only)
+#   LOOP=0 ROUNDS=4 scripts/depth-loop-libvirt.sh bin/vmfork   (the depth sweep only)
+# Each depth line ends with the driver's phases of that pause (its debug log's
+# "frozen" line: ram_mode, snapshot_ms, devstate_ms, ram_ms, cont_ms, ...);
+# the summary gives their medians per level.
 set -euo pipefail
 bin=${1:?usage: $0 path/to/vmfork}
 G=${VMFORK_GUEST:-/var/cache/vmfork/guest}
@@ -24,6 +28,7 @@ rounds=${ROUNDS:-2} depth=${DEPTH:-5} loop=${LOOP:-20} msize=${MEM:-512} use=${U
 st=$(mktemp -d /tmp/depthloop-st.XXXXXX)
 mem=$(mktemp -d /dev/shm/depthloop-mem.XXXXXX)
 out=$(mktemp)
+err=$(mktemp)
 V=("$bin" --state-dir "$st" --mem-dir "$mem" --connect qemu:///system)
 tag=dl$$
 cleanup() {
@@ -31,7 +36,7 @@ cleanup() {
   for m in $("${V[@]}" ls --json 2>/dev/null | python3 -c 'import json,sys; print(" ".join(m["name"] for m in reversed(json.load(sys.stdin))))' 2>/dev/null); do
     "${V[@]}" rm --force "$m" >/dev/null 2>&1 || true
   done
-  rm -rf "$st" "$mem" "$out"
+  rm -rf "$st" "$mem" "$out" "$err"
 }
 trap cleanup EXIT
 boot() { # name: a MEM MiB source holding USE MiB
@@ -40,12 +45,19 @@ boot() { # name: a MEM MiB source holding USE MiB
     head -c 1048576 /dev/urandom >/fill/seed && i=0 &&
     while [ \$i -lt $use ]; do cat /fill/seed; i=\$((i + 1)); done >/fill/data" >/dev/null
 }
-fork() { # source child: prints pause_ms running_ms ready_ms
-  "${V[@]}" fork "$1" "$2" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); c=r["children"][0]; print(r["pause_ms"], c["running_ms"], c["ready_ms"])'
+fork() { # source child: prints pause_ms running_ms ready_ms, then the pause's phases
+  local res
+  res=$("${V[@]}" --log-level debug fork "$1" "$2" --json 2>"$err") || { tail -3 "$err" >&2; return 1; }
+  printf '%s' "$res" | python3 -c 'import json,sys; r=json.load(sys.stdin); c=r["children"][0]; print(r["pause_ms"], c["running_ms"], c["ready_ms"], end=" ")'
+  # The driver's "frozen" line: RAM mode, libvirt's snapshot call, the
+  # source's disk chain, and each phase of the pause (libvirtdrv/fork.go).
+  grep 'msg=frozen' "$err" | grep -o 'ram_mode=[a-z]*\|backing_chain=[0-9]*\|paused_copy_bytes=[0-9]*\|[a-z]*_ms=[0-9.]*' | tr '\n' ' ' || true
+  echo
 }
 pss() { # machine: its QEMU's PSS in bytes
   awk '/^Pss:/ {print $2 * 1024}' "/proc/$(cat "/run/libvirt/qemu/$1.pid")/smaps_rollup"
 }
+echo "load $(cut -d' ' -f1-3 /proc/loadavg) at start" >&2
 cur=$tag-d0
 [ "$depth" = 0 ] || boot "$cur"
 for d in $(seq "$depth"); do
@@ -57,8 +69,9 @@ for d in $(seq "$depth"); do
   cur=$tag-d$d-$rounds
   "${V[@]}" exec "$cur" -- sh -c 'head -c 4194304 /dev/urandom > /run/depth-step'
 done
+echo "load $(cut -d' ' -f1-3 /proc/loadavg) after the depth sweep" >&2
 src=$tag-loop
-boot "$src"
+[ "$loop" = 0 ] || boot "$src"
 for i in $(seq "$loop"); do
   read -r pause _ _ <<<"$(fork "$src" "$src-$i")"
   "${V[@]}" rm --force "$src-$i" >/dev/null
@@ -75,18 +88,26 @@ python3 - "$out" "$loop" <<'PY'
 import statistics as s, sys
 lines = [l.split() for l in open(sys.argv[1])]
 loop = int(sys.argv[2])
-dep = {}
+dep, phases = {}, {}
 for l in lines:
     if l[0] == "depth":
-        dep.setdefault(int(l[1]), []).append((float(l[4]), float(l[5]), float(l[6])))
+        d = int(l[1])
+        dep.setdefault(d, []).append((float(l[4]), float(l[5]), float(l[6])))
+        for kv in l[7:]:
+            k, _, v = kv.partition("=")
+            if k.endswith("_ms"):
+                phases.setdefault(d, {}).setdefault(k, []).append(float(v))
 med = {d: [s.median(x[i] for x in v) for i in range(3)] for d, v in dep.items()}
 for d in sorted(med):
-    print(f"depth {d}: median pause {med[d][0]:.0f} ms, running {med[d][1]:.0f} ms, ready {med[d][2]:.0f} ms")
+    ph = " ".join(f"{k} {s.median(v):.1f}" for k, v in sorted(phases.get(d, {}).items()))
+    print(f"depth {d}: median pause {med[d][0]:.0f} ms, running {med[d][1]:.0f} ms, ready {med[d][2]:.0f} ms; phases (medians, ms): {ph}")
 if len(med) >= 2:
     last = max(med)
     print(f"pause depth {last} / depth 1 = {med[last][0] / med[1][0]:.2f} (target <= 1.2)")
     print(f"child running depth {last} / depth 1 = {med[last][1] / med[1][1]:.2f} (target <= 1.2)")
 lp = [l for l in lines if l[0] == "loop"]
+if not lp:
+    sys.exit(0)
 pauses = [float(l[3]) for l in lp]
 q = max(len(pauses) // 4, 1)
 print(f"loop: pauses {' '.join(f'{p:.0f}' for p in pauses)} ms; first quarter median {s.median(pauses[:q]):.0f}, last {s.median(pauses[-q:]):.0f}")

@@ -185,7 +185,44 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 		}
 	}
 	p.prepareTrack(tr)
+	if !p.tracked && p.track.UFFD > 0 {
+		if err := p.precopy(ctx, st.Size); err != nil {
+			return false, err
+		}
+	}
 	return true, nil
+}
+
+// precopy copies the source's private pages into the delta file while it
+// runs, its writes tracked from just before, when there is no last delta
+// to start from: the first delta of this mapping, or the last one gone with
+// its template (a loop or a depth chain that removes each child before the
+// next fork). The pause then writes only the pages written since, as after
+// a copied last delta, instead of every page the source wrote since its
+// base (measured on libvirt: 8-9.5 MB in every pause of a depth chain,
+// against 2.3 MB at depth 1; docs/FLATPAUSE.md). The record is made invalid
+// before the protection is renewed, so that it never says "armed at" an
+// older delta the pages written before now would be missing from. A
+// failure leaves the delta empty and untracked (TrackErr says why), as
+// before.
+func (p *Plan) precopy(ctx context.Context, size int64) error {
+	tr := p.track
+	tr.Pages, tr.PagesInode, tr.PagesCtime = "", 0, 0
+	if err := saveTrack(p.req.Track, tr); err != nil {
+		p.TrackErr = err
+		return nil
+	}
+	if err := armWP(p.m); err != nil {
+		p.TrackErr = err
+		return nil
+	}
+	n, err := CopyPrivate(ctx, p.m, p.delta)
+	if err != nil {
+		p.TrackErr = err
+		return emptyFile(p.delta, size)
+	}
+	p.tracked, p.Precopied = true, n.CopiedBytes
+	return nil
 }
 
 // prepareTrack makes sure, while the source runs, that its writes are

@@ -146,9 +146,11 @@ func TestPlanDeltaTooLarge(t *testing.T) {
 
 // TestPlanDeltaTracked: with the source's writes tracked (track.go), the
 // second delta starts from the first (copied before the pause) and the
-// pause writes only the pages written since; without the last delta the
-// freeze falls back to all private pages. Every delta holds exactly the
-// instant's private pages.
+// pause writes only the pages written since; without a last delta (the
+// first one, or the last one gone) the private pages are copied before the
+// pause with the writes tracked from then, and the pause writes only what
+// was written after that copy. Every delta holds exactly the instant's
+// private pages.
 func TestPlanDeltaTracked(t *testing.T) {
 	rootOnly(t)
 	dir := t.TempDir()
@@ -167,7 +169,7 @@ func TestPlanDeltaTracked(t *testing.T) {
 	}
 	p.Cleanup(t.Context(), mon)
 	track := filepath.Join(dir, "track.json")
-	fork := func(k int) (*Plan, int64, string) {
+	fork := func(k int, between func()) (*Plan, int64, string) {
 		t.Helper()
 		r := req
 		n := "t" + strconv.Itoa(k)
@@ -180,6 +182,9 @@ func TestPlanDeltaTracked(t *testing.T) {
 		defer p.Cleanup(t.Context(), mon)
 		if p.Mode != Delta {
 			t.Fatalf("fork %d: mode %v, want delta", k, p.Mode)
+		}
+		if between != nil {
+			between() // the source writes after Prepare, before the pause
 		}
 		copied, err := p.InPause(t.Context(), &PauseWindow{})
 		if err != nil {
@@ -209,35 +214,37 @@ func TestPlanDeltaTracked(t *testing.T) {
 	}
 	h.ask("set 2 21")
 	h.ask("set 9 22")
-	p2, n2, d2 := fork(2)
-	if p2.tracked || n2 != 2*pageSize {
-		t.Errorf("fork 2 (nothing tracked yet): tracked %v, %d bytes in the pause; want untracked, 2 pages", p2.tracked, n2)
+	// After the copy before the pause: a private page written again, and
+	// a page of the base written for the first time.
+	p2, n2, d2 := fork(2, func() { h.ask("set 9 23"); h.ask("set 4 24") })
+	if !p2.tracked || p2.Precopied != 2*pageSize || n2 != 2*pageSize {
+		t.Errorf("fork 2 (nothing tracked yet): tracked %v, %d bytes before the pause, %d in it; want tracked, the 2 private pages before, the 2 written since in", p2.tracked, p2.Precopied, n2)
 	}
-	holds(d2, map[int]byte{2: 21, 9: 22})
+	holds(d2, map[int]byte{2: 21, 4: 24, 9: 23})
 	h.ask("set 2 31")
 	h.ask("set 3 32")
 	h.ask("get 9") // a read is no write
-	p3, n3, d3 := fork(3)
-	if !p3.tracked || n3 != 2*pageSize || p3.Precopied != 2*pageSize {
-		t.Errorf("fork 3: tracked %v, %d bytes in the pause, %d before; want tracked, 2 pages (2 and 3) in, the last delta's 2 before", p3.tracked, n3, p3.Precopied)
+	p3, n3, d3 := fork(3, nil)
+	if !p3.tracked || n3 != 2*pageSize || p3.Precopied != 3*pageSize {
+		t.Errorf("fork 3: tracked %v, %d bytes in the pause, %d before; want tracked, 2 pages (2 and 3) in, the last delta's 3 before", p3.tracked, n3, p3.Precopied)
 	}
-	holds(d3, map[int]byte{2: 31, 3: 32, 9: 22})
-	_, n4, d4 := fork(4)
+	holds(d3, map[int]byte{2: 31, 3: 32, 4: 24, 9: 23})
+	_, n4, d4 := fork(4, nil)
 	if n4 != 0 {
 		t.Errorf("fork 4 with nothing written: %d bytes in the pause", n4)
 	}
-	holds(d4, map[int]byte{2: 31, 3: 32, 9: 22})
-	os.Remove(d4) // the last delta gone: no base to start from
+	holds(d4, map[int]byte{2: 31, 3: 32, 4: 24, 9: 23})
+	os.Remove(d4) // the last delta gone: no delta to start from
 	h.ask("set 5 35")
-	p5, n5, d5 := fork(5)
-	if p5.tracked || n5 != 4*pageSize {
-		t.Errorf("fork 5 without the last delta: tracked %v, %d bytes in the pause; want untracked, all 4 private pages", p5.tracked, n5)
+	p5, n5, d5 := fork(5, nil)
+	if !p5.tracked || p5.Precopied != 5*pageSize || n5 != 0 {
+		t.Errorf("fork 5 without the last delta: tracked %v, %d bytes before the pause, %d in it; want tracked, all 5 private pages before, none in", p5.tracked, p5.Precopied, n5)
 	}
-	holds(d5, map[int]byte{2: 31, 3: 32, 5: 35, 9: 22})
+	holds(d5, map[int]byte{2: 31, 3: 32, 4: 24, 5: 35, 9: 23})
 	h.ask("set 5 45")
-	_, n6, d6 := fork(6)
+	_, n6, d6 := fork(6, nil)
 	if n6 != pageSize {
 		t.Errorf("fork 6: %d bytes in the pause, want the 1 page written", n6)
 	}
-	holds(d6, map[int]byte{2: 31, 3: 32, 5: 45, 9: 22})
+	holds(d6, map[int]byte{2: 31, 3: 32, 4: 24, 5: 45, 9: 23})
 }
