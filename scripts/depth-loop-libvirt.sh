@@ -18,13 +18,18 @@
 #   scripts/depth-loop-libvirt.sh bin/vmfork
 #   DEPTH=0 scripts/depth-loop-libvirt.sh bin/vmfork     (the loop only)
 #   LOOP=0 ROUNDS=4 scripts/depth-loop-libvirt.sh bin/vmfork   (the depth sweep only)
+#   ORDER=interleaved LOOP=0 ROUNDS=4 scripts/depth-loop-libvirt.sh bin/vmfork
+#     builds the whole chain first and then forks every level once per round
+#     (order reversed every other round), each child removed: the levels see
+#     the same host load and the same running guests (the sweep measures
+#     depth 1 minutes before depth 5, with 1 and 6 guests running).
 # Each depth line ends with the driver's phases of that pause (its debug log's
 # "frozen" line: ram_mode, snapshot_ms, devstate_ms, ram_ms, cont_ms, ...);
 # the summary gives their medians per level.
 set -euo pipefail
 bin=${1:?usage: $0 path/to/vmfork}
 G=${VMFORK_GUEST:-/var/cache/vmfork/guest}
-rounds=${ROUNDS:-2} depth=${DEPTH:-5} loop=${LOOP:-20} msize=${MEM:-512} use=${USE:-256}
+rounds=${ROUNDS:-2} depth=${DEPTH:-5} order=${ORDER:-sweep} loop=${LOOP:-20} msize=${MEM:-512} use=${USE:-256}
 st=$(mktemp -d /tmp/depthloop-st.XXXXXX)
 mem=$(mktemp -d /dev/shm/depthloop-mem.XXXXXX)
 out=$(mktemp)
@@ -60,6 +65,28 @@ pss() { # machine: its QEMU's PSS in bytes
 echo "load $(cut -d' ' -f1-3 /proc/loadavg) at start" >&2
 cur=$tag-d0
 [ "$depth" = 0 ] || boot "$cur"
+if [ "$order" = interleaved ]; then
+  # The chain first (d0 booted, each dK a child of dK-1 that wrote 4 MiB),
+  # every level kept; then the rounds, each forking every level once (level
+  # order reversed every other round), the source writing 2 MiB first and
+  # the child removed after: depth 1 and depth DEPTH are measured minutes
+  # apart no more, with the same guests running.
+  for d in $(seq "$depth"); do
+    "${V[@]}" fork "$tag-d$((d - 1))" "$tag-d$d" >/dev/null
+    "${V[@]}" exec "$tag-d$d" -- sh -c 'head -c 4194304 /dev/urandom > /run/depth-step' >/dev/null
+  done
+  for r in $(seq "$rounds"); do
+    levels=$(seq "$depth")
+    [ $((r % 2)) = 1 ] || levels=$(seq "$depth" -1 1)
+    for d in $levels; do
+      s=$tag-d$((d - 1)) c=$tag-x$d-$r
+      "${V[@]}" exec "$s" -- sh -c 'head -c 2097152 /dev/urandom > /run/round-step' >/dev/null
+      echo "depth $d round $r $(fork "$s" "$c")" | tee -a "$out"
+      "${V[@]}" rm --force "$c" >/dev/null
+    done
+  done
+  depth=0 # measured
+fi
 for d in $(seq "$depth"); do
   for r in $(seq "$rounds"); do
     c=$tag-d$d-$r

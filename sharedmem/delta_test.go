@@ -144,12 +144,11 @@ func TestPlanDeltaTooLarge(t *testing.T) {
 	}
 }
 
-// TestPlanDeltaTracked: with the source's writes tracked (track.go), the
-// second delta starts from the first (copied before the pause) and the
-// pause writes only the pages written since; without a last delta (the
-// first one, or the last one gone) the private pages are copied before the
-// pause with the writes tracked from then, and the pause writes only what
-// was written after that copy. Every delta holds exactly the instant's
+// TestPlanDeltaTracked: with the source's writes tracked (track.go), a
+// delta is brought up to date before the pause: from the last delta (copied)
+// and the pages written since its instant, or, without a last delta (the
+// first one, or the last one gone), from all the private pages; the pause
+// writes only what was written after that. Every delta holds exactly the instant's
 // private pages.
 func TestPlanDeltaTracked(t *testing.T) {
 	rootOnly(t)
@@ -224,27 +223,28 @@ func TestPlanDeltaTracked(t *testing.T) {
 	h.ask("set 2 31")
 	h.ask("set 3 32")
 	h.ask("get 9") // a read is no write
-	p3, n3, d3 := fork(3, nil)
-	if !p3.tracked || n3 != 2*pageSize || p3.Precopied != 3*pageSize {
-		t.Errorf("fork 3: tracked %v, %d bytes in the pause, %d before; want tracked, 2 pages (2 and 3) in, the last delta's 3 before", p3.tracked, n3, p3.Precopied)
+	// Before the pause: the last delta's 3 pages, then the 2 written since
+	// its instant (2 and 3); in the pause, the one written after that.
+	p3, n3, d3 := fork(3, func() { h.ask("set 3 33") })
+	if !p3.tracked || n3 != pageSize || p3.Precopied != 5*pageSize {
+		t.Errorf("fork 3: tracked %v, %d bytes in the pause, %d before; want tracked, 1 page (3 again) in, the last delta's 3 and the 2 written since before", p3.tracked, n3, p3.Precopied)
 	}
-	holds(d3, map[int]byte{2: 31, 3: 32, 4: 24, 9: 23})
+	holds(d3, map[int]byte{2: 31, 3: 33, 4: 24, 9: 23})
 	_, n4, d4 := fork(4, nil)
 	if n4 != 0 {
 		t.Errorf("fork 4 with nothing written: %d bytes in the pause", n4)
 	}
-	holds(d4, map[int]byte{2: 31, 3: 32, 4: 24, 9: 23})
+	holds(d4, map[int]byte{2: 31, 3: 33, 4: 24, 9: 23})
 	os.Remove(d4) // the last delta gone: no delta to start from
 	h.ask("set 5 35")
 	p5, n5, d5 := fork(5, nil)
 	if !p5.tracked || p5.Precopied != 5*pageSize || n5 != 0 {
 		t.Errorf("fork 5 without the last delta: tracked %v, %d bytes before the pause, %d in it; want tracked, all 5 private pages before, none in", p5.tracked, p5.Precopied, n5)
 	}
-	holds(d5, map[int]byte{2: 31, 3: 32, 4: 24, 5: 35, 9: 23})
-	h.ask("set 5 45")
-	_, n6, d6 := fork(6, nil)
+	holds(d5, map[int]byte{2: 31, 3: 33, 4: 24, 5: 35, 9: 23})
+	_, n6, d6 := fork(6, func() { h.ask("set 5 45") })
 	if n6 != pageSize {
-		t.Errorf("fork 6: %d bytes in the pause, want the 1 page written", n6)
+		t.Errorf("fork 6: %d bytes in the pause, want the 1 page written after the copy", n6)
 	}
-	holds(d6, map[int]byte{2: 31, 3: 32, 4: 24, 5: 45, 9: 23})
+	holds(d6, map[int]byte{2: 31, 3: 33, 4: 24, 5: 45, 9: 23})
 }

@@ -243,6 +243,26 @@ func armWP(m Mapping) error {
 	return nil
 }
 
+// takeWritten returns the runs of m written since the last armWP and
+// write-protects them again, in one walk of the page tables: a page written
+// after its entry was read is reported by the next scan.
+func takeWritten(m Mapping) ([]pageRun, error) {
+	pm, err := os.Open("/proc/" + strconv.Itoa(m.PID) + "/pagemap")
+	if err != nil {
+		return nil, fmt.Errorf("take written pages: %w", err)
+	}
+	defer pm.Close()
+	var runs []pageRun
+	err = scanPages(pm, uint64(m.Start), uint64(m.End), pmScanArg{
+		Flags:        pmScanWPMatching | pmScanCheckWPAsync,
+		CategoryMask: pageIsWritten, ReturnMask: pageIsWritten,
+	}, func(first, n int64) error { runs = append(runs, pageRun{first, n}); return nil })
+	if err != nil {
+		return nil, fmt.Errorf("take written pages: %w", err)
+	}
+	return runs, nil
+}
+
 // writtenRuns returns the runs of m written since the last armWP. It fails
 // when m is not registered for async write-protect any more.
 func writtenRuns(m Mapping) ([]pageRun, error) {
