@@ -46,7 +46,10 @@
 // root may do to libvirt's QEMU: it runs as vmfork's user, or as
 // libvirt-qemu for an adopted domain, and its seccomp filter allows both
 // calls). The domain stays the same one: name, uuid, id and QEMU process.
-// Later forks copy only the pages written since. libvirt removes its own
+// Later forks copy only the pages written since; a `vmfork fork` of a domain
+// whose frozen file a template still needs makes a delta template on it
+// instead of copying it, and children of a delta get its pages written into
+// their QEMU before the device state loads (delta.go). libvirt removes its own
 // name for the file when the domain stops; the template keeps its own. With
 // memory_backing_dir on another file system than the mem dir no template can
 // be the source's file, and the freeze copies it in the pause, saying so.
