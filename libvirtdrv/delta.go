@@ -52,6 +52,10 @@ func allowDelta(req *sharedmem.PlanRequest, src *vmfork.Machine, t *vmfork.Templ
 	}
 	req.Base, req.Delta = vmfork.DeltaPaths(t.Paths.RAM)
 	req.Track = filepath.Join(src.Paths.Dir, ramTrackFile)
+	// req.Chain stays unset: each delta holds all the private pages (the
+	// quarter-of-the-base rule), brought up to date before the pause
+	// (sharedmem precopy), so a libvirt template never depends on an
+	// older one's files. A child applies RAMDelta.Files() all the same.
 }
 
 // recordDelta records in t where its RAM is after a delta freeze.
@@ -61,7 +65,7 @@ func recordDelta(t *vmfork.Template, ram *sharedmem.Plan, log *logrus.Entry) {
 	}
 	base, pages := vmfork.DeltaPaths(t.Paths.RAM)
 	held, _ := overlay.AllocatedBytes(pages)
-	t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: held}
+	t.RAMDelta = &vmfork.RAMDelta{Base: base, Pages: pages, BaseOf: ram.DeltaBase, Bytes: held, Chain: ram.Chain()}
 	if ram.TrackErr != nil {
 		log.WithError(ram.TrackErr).Debug("no write tracking: the next delta writes all private pages in the pause")
 	}
@@ -79,14 +83,15 @@ func checkDeltaChild(t *vmfork.Template, remap bool) error {
 
 // mapTemplateRAM remaps child QEMU pid (started on libvirt's fresh file
 // start) privately onto t's RAM: its file, or the base of a delta template
-// with the delta's pages written over it.
+// with its deltas' pages written over it, oldest first (one delta while the
+// driver asks for no chains; a chain, were one recorded, applied whole).
 func mapTemplateRAM(ctx context.Context, mon monitor, pid int, start string, t *vmfork.Template) error {
 	size := int64(t.Manifest.MemoryMiB) << 20
 	d := t.RAMDelta
 	if d == nil {
 		return sharedmem.MapTemplate(ctx, mon, pid, start, t.Paths.RAM, size)
 	}
-	st, err := sharedmem.MapTemplateDelta(ctx, mon, pid, start, d.Base, d.Pages, size)
+	st, err := sharedmem.MapTemplateChain(ctx, mon, pid, start, d.Base, d.Files(), size)
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}

@@ -27,6 +27,9 @@ func TestAllowDelta(t *testing.T) {
 	if req.Base != base || req.Delta != pages || req.Track != filepath.Join(src.Paths.Dir, ramTrackFile) {
 		t.Errorf("request %+v; want base %s, delta %s, track in %s", req, base, pages, src.Paths.Dir)
 	}
+	if req.Chain {
+		t.Errorf("request asks for chains: the libvirt driver's deltas stand on the base alone")
+	}
 }
 
 // TestCheckDeltaChild: a delta template's child that would not be remapped

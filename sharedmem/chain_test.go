@@ -108,9 +108,12 @@ func TestPlanDeltaChain(t *testing.T) {
 
 	set(2, 21)
 	set(9, 22)
-	m2 := fork(2) // nothing tracked yet: all private pages, on the base alone
-	if m2.p.tracked || len(m2.chain) != 0 || m2.copied != 2*pageSize {
-		t.Errorf("fork 2: tracked %v, chain %v, %d bytes; want untracked, none, 2 pages", m2.p.tracked, m2.chain, m2.copied)
+	// Nothing tracked yet: on the base alone, the private pages copied
+	// before the pause with the writes tracked from just before (precopy),
+	// none written since.
+	m2 := fork(2)
+	if !m2.p.tracked || len(m2.chain) != 0 || m2.p.Precopied != 2*pageSize || m2.copied != 0 {
+		t.Errorf("fork 2: tracked %v, chain %v, %d bytes before the pause, %d in it; want tracked, none, 2 pages, 0", m2.p.tracked, m2.chain, m2.p.Precopied, m2.copied)
 	}
 	seesInstant(2, m2)
 	set(2, 31)
@@ -156,8 +159,10 @@ func TestPlanDeltaChain(t *testing.T) {
 	seesInstant(k-1, m5)
 	set(50, 50)
 	merged := fork(k)
-	if !merged.p.tracked || len(merged.chain) != 0 || merged.p.Precopied == 0 || merged.copied != pageSize {
-		t.Errorf("fork %d past the bound: tracked %v, chain %d, %d before, %d in the pause; want tracked, merged before the pause, 1 page in it",
+	// The chain merged and the page written since its instant, both before
+	// the pause (precopy): nothing written since, nothing in the pause.
+	if !merged.p.tracked || len(merged.chain) != 0 || merged.p.Precopied <= pageSize || merged.copied != 0 {
+		t.Errorf("fork %d past the bound: tracked %v, chain %d, %d before, %d in the pause; want tracked, merged and page 50 before the pause, none in it",
 			k, merged.p.tracked, len(merged.chain), merged.p.Precopied, merged.copied)
 	}
 	seesInstant(k, merged)
@@ -167,12 +172,14 @@ func TestPlanDeltaChain(t *testing.T) {
 		t.Errorf("fork %d: chain %d, %d bytes; want a chain of 1 again, 1 page", k+1, len(next.chain), next.copied)
 	}
 	seesInstant(k+1, next)
-	// A link of the chain gone: not trusted, all private pages.
+	// A link of the chain gone: not trusted; all private pages, copied
+	// before the pause with the writes tracked from just before.
 	os.Remove(next.chain[0])
 	set(52, 52)
 	last := fork(k + 2)
-	if last.p.tracked || len(last.chain) != 0 {
-		t.Errorf("fork %d after a lost link: tracked %v, chain %d; want all private pages", k+2, last.p.tracked, len(last.chain))
+	if !last.p.tracked || len(last.chain) != 0 || last.p.Precopied != held(last.delta) || last.copied != 0 {
+		t.Errorf("fork %d after a lost link: tracked %v, chain %d, %d bytes before the pause (delta %d), %d in it; want all private pages before, none in",
+			k+2, last.p.tracked, len(last.chain), last.p.Precopied, held(last.delta), last.copied)
 	}
 	seesInstant(k+2, last)
 }
