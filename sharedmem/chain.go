@@ -115,6 +115,27 @@ func (p *Plan) writeChained(ctx context.Context) (int64, error) {
 	return copyRuns(ctx, p.m, p.delta, runs)
 }
 
+// copyChained copies, before the pause, the pages of written (taken since
+// the last delta's instant) that are private now into the empty chained
+// delta, and counts them as held: one discarded before the pause is then
+// written with the base's bytes, as a chain file's page is (writeChained).
+func (p *Plan) copyChained(ctx context.Context, written []pageRun) (int64, error) {
+	private, err := privateRuns(ctx, p.m)
+	if err != nil {
+		return 0, err
+	}
+	changed, _ := newPageSet(p.m.Size()/pageSize, private).split(written)
+	if len(changed) == 0 {
+		return 0, nil
+	}
+	n, err := copyRuns(ctx, p.m, p.delta, changed)
+	if err != nil {
+		return n, err
+	}
+	p.chainHeld.add(changed)
+	return n, nil
+}
+
 // Chain returns the names of the deltas a Delta freeze's delta applies
 // after, oldest first (nil for one that stands on its base alone).
 func (p *Plan) Chain() []string { return p.chain }

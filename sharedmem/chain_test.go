@@ -41,6 +41,9 @@ func TestPlanDeltaChain(t *testing.T) {
 		delta  string
 		chain  []string
 	}
+	// between, when set, runs once after the next fork's Prepare (the
+	// copy before the pause) and before its pause: the source's writes then.
+	var between func()
 	fork := func(k int) made {
 		t.Helper()
 		r := req
@@ -54,6 +57,10 @@ func TestPlanDeltaChain(t *testing.T) {
 		defer p.Cleanup(t.Context(), mon)
 		if p.Mode != Delta {
 			t.Fatalf("fork %d: mode %v, want delta", k, p.Mode)
+		}
+		if between != nil {
+			between()
+			between = nil
 		}
 		copied, err := p.InPause(t.Context(), &PauseWindow{})
 		if err != nil {
@@ -119,9 +126,13 @@ func TestPlanDeltaChain(t *testing.T) {
 	set(2, 31)
 	set(3, 32)
 	h.ask("get 9")
+	// Chained: the pages written since fork 2's instant (2 and 3) copied
+	// into the empty delta before the pause, the one written after that
+	// (3 again) in it.
+	between = func() { set(3, 33) }
 	m3 := fork(3)
-	if !m3.p.tracked || m3.p.Precopied != 0 || m3.copied != 2*pageSize || held(m3.delta) != 2*pageSize {
-		t.Errorf("fork 3: tracked %v, %d bytes before the pause, %d in it, delta %d; want tracked, 0, 2 pages, 2 pages",
+	if !m3.p.tracked || m3.p.Precopied != 2*pageSize || m3.copied != pageSize || held(m3.delta) != 2*pageSize {
+		t.Errorf("fork 3: tracked %v, %d bytes before the pause, %d in it, delta %d; want tracked, 2 pages, 1 page, 2 pages",
 			m3.p.tracked, m3.p.Precopied, m3.copied, held(m3.delta))
 	}
 	if len(m3.chain) != 1 || inodeOf(t, m3.chain[0]) != inodeOf(t, m2.delta) {
@@ -132,9 +143,17 @@ func TestPlanDeltaChain(t *testing.T) {
 	h.ask("drop 9")
 	delete(instant, 9)
 	set(5, 35)
+	// Page 5, copied before the pause, is discarded before it: the delta
+	// must show the base there too, not the copy.
+	between = func() {
+		h.ask("drop 5")
+		delete(instant, 5)
+		set(6, 46)
+	}
 	m4 := fork(4)
-	if m4.copied != 2*pageSize || len(m4.chain) != 2 {
-		t.Errorf("fork 4: %d bytes, chain of %d; want page 5 and the discarded 9, a chain of 2", m4.copied, len(m4.chain))
+	if m4.p.Precopied != pageSize || m4.copied != 3*pageSize || len(m4.chain) != 2 {
+		t.Errorf("fork 4: %d bytes before the pause, %d in it, chain of %d; want page 5 before, the discarded 9 and 5 and page 6 in, a chain of 2",
+			m4.p.Precopied, m4.copied, len(m4.chain))
 	}
 	seesInstant(4, m4)
 	// The templates of forks 2 and 3 go: fork 4's links keep its chain.
@@ -166,7 +185,7 @@ func TestPlanDeltaChain(t *testing.T) {
 			k, merged.p.tracked, len(merged.chain), merged.p.Precopied, merged.copied)
 	}
 	seesInstant(k, merged)
-	set(51, 51)
+	between = func() { set(51, 51) }
 	next := fork(k + 1)
 	if len(next.chain) != 1 || next.copied != pageSize {
 		t.Errorf("fork %d: chain %d, %d bytes; want a chain of 1 again, 1 page", k+1, len(next.chain), next.copied)

@@ -185,10 +185,7 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 		}
 	}
 	p.prepareTrack(tr)
-	if p.track.UFFD > 0 && p.chain == nil {
-		// A chained delta starts empty and its pause writes what
-		// changed since the last delta's instant (chain.go); any
-		// other delta is brought up to date first.
+	if p.track.UFFD > 0 {
 		if err := p.precopy(ctx, st.Size); err != nil {
 			return false, err
 		}
@@ -206,6 +203,10 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 //   - after the last delta was copied (tracked), the pages written since
 //     its instant are taken and protected again in one page-table walk
 //     (PM_SCAN_WP_MATCHING) and written over it;
+//   - for a chained delta (chain.go), the same pages are taken and the
+//     private ones copied into the empty delta, which then holds them as
+//     the chain's files hold theirs (chainHeld: one no longer private in
+//     the pause is written with the base's bytes);
 //   - with no last delta to start from (the first delta of this mapping,
 //     or the last one removed with its template, as in a chain or loop
 //     that removes each child before the next fork), the source is
@@ -224,7 +225,12 @@ func (p *Plan) precopy(ctx context.Context, size int64) error {
 	}
 	var n int64
 	var err error
-	if p.tracked {
+	if p.tracked && p.chain != nil {
+		var w []pageRun
+		if w, err = takeWritten(p.m); err == nil {
+			n, err = p.copyChained(ctx, w)
+		}
+	} else if p.tracked {
 		var w []pageRun
 		if w, err = takeWritten(p.m); err == nil {
 			n, err = p.writeWritten(ctx, w)
@@ -235,7 +241,10 @@ func (p *Plan) precopy(ctx context.Context, size int64) error {
 		n = st.CopiedBytes
 	}
 	if err != nil {
+		// The pages written since the last instant may be taken:
+		// nothing but all the private pages is known to be right.
 		p.TrackErr, p.tracked = err, false
+		p.unlinkChain()
 		return emptyFile(p.delta, size)
 	}
 	p.tracked, p.Precopied = true, p.Precopied+n
@@ -371,6 +380,10 @@ func (p *Plan) writeDelta(ctx context.Context) (int64, error) {
 		}
 		p.tracked, p.TrackErr = false, err
 		p.unlinkChain()
+		// It may hold pages copied before the pause (precopy).
+		if err := emptyFile(p.delta, p.m.Offset+p.m.Size()); err != nil {
+			return 0, err
+		}
 	} else if p.tracked {
 		n, err := p.writeTracked(ctx)
 		if err == nil {
