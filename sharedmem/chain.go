@@ -7,8 +7,9 @@ package sharedmem
 // ... + 950 MiB of deltas (9.3 GiB) on a 3 GiB base, and each fork copied
 // the last one first. A chained delta holds only what changed since the
 // delta before it, which it names, and a child applies the chain oldest
-// first: twenty forks hold the base once plus 19 x 50 MiB, and nothing is
-// copied before any pause.
+// first: twenty forks hold the base once plus 19 x 50 MiB, and only the
+// pages written since the last delta are copied before a pause (precopy,
+// delta.go), the pause writing those written after that copy.
 //
 // What a chained delta holds: the pages written since the last delta's
 // instant that are private now (the new data), and the pages some delta of

@@ -18,8 +18,10 @@ package sharedmem
 // consumer applies chains (PlanRequest.Chain), a delta holds only what
 // changed since the last one and names the deltas before it (chain.go);
 // otherwise it holds all the private pages, and with tracking starts from
-// the last delta copied before the pause, writing only the pages written
-// since in it. Once the private pages pass the share of the base's data
+// the last delta copied before the pause. Either way, with tracking, the
+// pages written since the last delta (or, with none, all the private pages)
+// are copied before the pause too (precopy), and the pause writes only what
+// the source wrote after that copy. Once the private pages pass the share of the base's data
 // (maxDeltaShare, or the number of children), or the pause would write more
 // than maxDeltaBytes (checked before the pause, with the page-table scans,
 // 0.2 ms per 512 MiB), the freeze makes a full file the old way, which
@@ -154,8 +156,9 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 	}
 	p.DeltaBase = p.m.Path
 	if armed && p.req.Chain && len(chain)+1 < maxDeltaDepth {
-		// A link in the chain (chain.go): the pause writes only what
-		// changed since the last delta's instant, into an empty file.
+		// A link in the chain (chain.go): an empty file that gets
+		// only what changed since the last delta's instant (most of
+		// it copied before the pause: precopy).
 		if err := p.linkChain(ctx, append(chain, prev)); err == nil {
 			p.tracked = true
 		} else {
@@ -214,7 +217,7 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 //
 // The record is made invalid first, so that it never says "armed at" a
 // delta whose instant is older than the protection. A failure leaves the
-// delta empty and untracked (TrackErr says why): the pause then writes all
+// delta empty, untracked and off the chain (TrackErr says why): the pause then writes all
 // the private pages, as without tracking.
 func (p *Plan) precopy(ctx context.Context, size int64) error {
 	tr := p.track
