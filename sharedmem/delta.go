@@ -23,8 +23,8 @@ package sharedmem
 // are copied before the pause too (precopy), and the pause writes only what
 // the source wrote after that copy. Once the private pages pass the share of the base's data
 // (maxDeltaShare, or the number of children), or the pause would write more
-// than maxDeltaBytes (checked before the pause, with the page-table scans,
-// 0.2 ms per 512 MiB), the freeze makes a full file the old way, which
+// than maxDeltaBytes with no tracking to copy them before it (checked before
+// the pause, with the page-table scans, 0.2 ms per 512 MiB), the freeze makes a full file the old way, which
 // remaps the source onto it and starts its deltas again from there.
 //
 // Children of a delta template map the base privately (MapTemplate) and get
@@ -62,8 +62,10 @@ const cumulativeDeltaShare = 4
 
 // maxDeltaBytes bounds what a delta writes in the pause: about 45 ms on the
 // reference host, against 5-12 ms for the pages written since the last fork
-// that a full copy's freeze writes.
-const maxDeltaBytes = 64 << 20
+// that a full copy's freeze writes. More is allowed where the source's writes
+// are tracked: the pre-copy (precopy) then writes it before the pause. (A
+// variable for the tests.)
+var maxDeltaBytes int64 = 64 << 20
 
 // PrivateBytes returns how many bytes of m are the process's own pages (what
 // CopyPrivate would copy now). It reads the page tables while the process
@@ -126,8 +128,17 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 		// kept at a quarter, as before the chains.
 		share = cumulativeDeltaShare
 	}
-	if private*int64(max(share, p.req.Children)) > st.Blocks*512 || paused > maxDeltaBytes {
+	if private*int64(max(share, p.req.Children)) > st.Blocks*512 {
 		return false, nil
+	}
+	tracking := paused > maxDeltaBytes
+	if tracking {
+		// Too much for the pause, unless it is copied before (precopy),
+		// which needs the writes tracked: set up now, else no delta.
+		p.prepareTrack(tr)
+		if p.track.UFFD <= 0 {
+			return false, nil
+		}
 	}
 	// Linked through /proc/self/fd: the name the mapping shows may be gone
 	// while others remain (a template's, a removed machine's).
@@ -187,7 +198,9 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 			}
 		}
 	}
-	p.prepareTrack(tr)
+	if !tracking {
+		p.prepareTrack(tr)
+	}
 	if p.track.UFFD > 0 {
 		if err := p.precopy(ctx, st.Size); err != nil {
 			return false, err

@@ -144,6 +144,57 @@ func TestPlanDeltaTooLarge(t *testing.T) {
 	}
 }
 
+// TestPlanDeltaPauseBound: private pages over what a pause may write make
+// a delta when the source's writes can be tracked (the pages copied before
+// the pause, none in it), and a full copy when they cannot.
+func TestPlanDeltaPauseBound(t *testing.T) {
+	rootOnly(t)
+	defer func(n int64) { maxDeltaBytes = n }(maxDeltaBytes)
+	maxDeltaBytes = 2 * pageSize
+	dir := t.TempDir()
+	a := filepath.Join(dir, "a.ram")
+	fillFile(t, a, 'a')
+	h := startHelper(t, a, a)
+	mon := &fakeMonitor{fd: h.fd}
+	req := planRequest(h.cmd.Process.Pid, a, dir)
+	p, err := Prepare(t.Context(), mon, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.InPause(t.Context(), &PauseWindow{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Cleanup(t.Context(), mon)
+	for i := 0; i < 5; i++ {
+		h.ask("set " + strconv.Itoa(i) + " 7")
+	}
+	plan := func(n string, track string) *Plan {
+		t.Helper()
+		r := req
+		r.Template, r.Temp = filepath.Join(dir, n+".ram"), filepath.Join(dir, "."+n+".ram.tmp")
+		r.Delta, r.Base, r.Track = filepath.Join(dir, n+".delta"), filepath.Join(dir, n+".base.ram"), track
+		p, err := Prepare(t.Context(), &fakeMonitor{}, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// Untracked: the pause would write 5 pages, over the bound of 2.
+	p2 := plan("t2", "")
+	if p2.Mode != Diff {
+		t.Errorf("untracked, 5 private pages over a pause bound of 2: mode %v, want diff", p2.Mode)
+	}
+	p2.Cleanup(t.Context(), mon)
+	p3 := plan("t3", filepath.Join(dir, "track.json"))
+	defer p3.Cleanup(t.Context(), mon)
+	if p3.Mode != Delta || !p3.tracked || p3.Precopied != 5*pageSize {
+		t.Fatalf("tracked, 5 private pages over a pause bound of 2: mode %v, tracked %v, %d bytes before the pause; want delta, tracked, 5 pages (%v)", p3.Mode, p3.tracked, p3.Precopied, p3.TrackErr)
+	}
+	if n, err := p3.InPause(t.Context(), &PauseWindow{}); err != nil || n != 0 {
+		t.Errorf("InPause = %d, %v; want nothing written in the pause", n, err)
+	}
+}
+
 // TestPlanDeltaTracked: with the source's writes tracked (track.go), a
 // delta is brought up to date before the pause: from the last delta (copied)
 // and the pages written since its instant, or, without a last delta (the
