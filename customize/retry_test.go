@@ -14,7 +14,7 @@ import (
 // then passes; a guest that got no CPU, one that is gone, a firm timeout,
 // and an agent that never answers fail as before, after at most one retry.
 func TestRetryLateAgent(t *testing.T) {
-	const period = 80 * time.Millisecond
+	const period = 250 * time.Millisecond // wide margins: a loaded CI host delays timers tens of ms
 	agentStep := func() Step { s := AgentStep(); s.Timeout = period; return s }
 	// late returns an agent that answers d from now.
 	late := func(d time.Duration) Agent { return &lateAgent{fakeAgent: newFakeAgent(), at: time.Now().Add(d)} }
@@ -23,7 +23,7 @@ func TestRetryLateAgent(t *testing.T) {
 
 	// Late, but its QEMU runs: retried once, and READY.
 	asked.Store(0)
-	res, err := Run(t.Context(), NewChain(agentStep()), &Env{Agent: late(period + 20*time.Millisecond), Runs: runs(true)})
+	res, err := Run(t.Context(), NewChain(agentStep()), &Env{Agent: late(period + period/2), Runs: runs(true)})
 	if err != nil || res.Steps[0].Retried != 1 || res.Steps[0].Status != StatusOK {
 		t.Fatalf("late agent, running QEMU: %v, %+v; want ok after one retry", err, res.Steps)
 	}
@@ -31,15 +31,15 @@ func TestRetryLateAgent(t *testing.T) {
 		t.Errorf("asked Runs %d times, want 2 (at the start, at the timeout)", asked.Load())
 	}
 	// Its QEMU got no CPU: stuck, fails at the first timeout.
-	res, err = Run(t.Context(), NewChain(agentStep()), &Env{Agent: late(period + 20*time.Millisecond), Runs: runs(false)})
-	if err == nil || !strings.Contains(err.Error(), `step "vmfork.agent": timed out after 80ms`) || res.Steps[0].Retried != 0 {
+	res, err = Run(t.Context(), NewChain(agentStep()), &Env{Agent: late(period + period/2), Runs: runs(false)})
+	if err == nil || !strings.Contains(err.Error(), `step "vmfork.agent": timed out after 250ms`) || res.Steps[0].Retried != 0 {
 		t.Errorf("stuck QEMU: %v, %+v", err, res.Steps)
 	}
 	// Never answers: one retry, no more.
 	asked.Store(0)
 	res, err = Run(t.Context(), NewChain(agentStep()), &Env{Agent: late(time.Hour), Runs: runs(true)})
-	if err == nil || !strings.Contains(err.Error(), `timed out after 160ms`) || res.Steps[0].Retried != 1 || asked.Load() != 2 {
-		t.Errorf("dead agent, running QEMU: %v, %+v, asked %d; want a timeout after 160ms, one retry", err, res.Steps, asked.Load())
+	if err == nil || !strings.Contains(err.Error(), `timed out after 500ms`) || res.Steps[0].Retried != 1 || asked.Load() != 2 {
+		t.Errorf("dead agent, running QEMU: %v, %+v, asked %d; want a timeout after 500ms, one retry", err, res.Steps, asked.Load())
 	}
 	// Gone: no retry, at once.
 	gone := newFakeAgent()
@@ -50,8 +50,8 @@ func TestRetryLateAgent(t *testing.T) {
 		t.Errorf("gone: %v, %+v after %v", err, res.Steps, time.Since(start))
 	}
 	// A timeout given is kept to.
-	_, err = Run(t.Context(), NewChain(agentStep()).WithTimeout(StepAgent, period), &Env{Agent: late(period + 20*time.Millisecond), Runs: runs(true)})
-	if err == nil || !strings.Contains(err.Error(), "timed out after 80ms") {
+	_, err = Run(t.Context(), NewChain(agentStep()).WithTimeout(StepAgent, period), &Env{Agent: late(period + period/2), Runs: runs(true)})
+	if err == nil || !strings.Contains(err.Error(), "timed out after 250ms") {
 		t.Errorf("firm timeout: %v", err)
 	}
 	// Only the agent's step: another step's timeout stands.
