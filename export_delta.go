@@ -272,17 +272,11 @@ func (mg *Manager) importDelta(ctx context.Context, req ImportRequest, r *bufio.
 		return fail(fmt.Errorf("a delta against template %q with chunk map sha256 %.12s; the %q kept here (%s) has %.12s: another template of that name: %w",
 			hdr.Base.Name, hdr.Base.MapSHA256, hdr.Base.Name, old.ID, got, ErrInvalid))
 	}
-	unlock, err := mg.Store.Lock(ctx, name)
+	unlock, err := mg.lockFreeName(ctx, name)
 	if err != nil {
 		return fail(err)
 	}
 	defer unlock()
-	if _, err := mg.Store.LoadMachine(name); err == nil {
-		return fail(fmt.Errorf("a machine is named %q: %w", name, ErrExists))
-	}
-	if k, err := mg.Store.FindKept(name); err == nil {
-		return fail(fmt.Errorf("template %s is kept as %q: %w", k.ID, name, ErrExists))
-	}
 	cs := mg.Store.chunkStore()
 	unlockStore, err := cs.lock(false)
 	if err != nil {

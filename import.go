@@ -102,17 +102,11 @@ func (mg *Manager) Import(ctx context.Context, req ImportRequest) (*ImportResult
 	if err := checkHostFacts(&t, hdr.Host); err != nil {
 		return fail(fmt.Errorf("template %s: %w", t.ID, err))
 	}
-	unlock, err := mg.Store.Lock(ctx, name)
+	unlock, err := mg.lockFreeName(ctx, name)
 	if err != nil {
 		return fail(err)
 	}
 	defer unlock()
-	if _, err := mg.Store.LoadMachine(name); err == nil {
-		return fail(fmt.Errorf("a machine is named %q: %w", name, ErrExists))
-	}
-	if k, err := mg.Store.FindKept(name); err == nil {
-		return fail(fmt.Errorf("template %s is kept as %q: %w", k.ID, name, ErrExists))
-	}
 	st, err := mg.Store.extractArchive(ctx, tr, hdr, req.Progress)
 	if err != nil {
 		return fail(err)
@@ -426,4 +420,23 @@ func (s *Store) sweepStaging() {
 			os.RemoveAll(p)
 		}
 	}
+}
+
+// lockFreeName takes name's lock for a template arriving under it (import,
+// a delta archive, a push's receiver) and checks, under the lock, that no
+// machine and no kept template has the name. The caller unlocks.
+func (mg *Manager) lockFreeName(ctx context.Context, name string) (func(), error) {
+	unlock, err := mg.Store.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := mg.Store.LoadMachine(name); err == nil {
+		unlock()
+		return nil, fmt.Errorf("a machine is named %q: %w", name, ErrExists)
+	}
+	if k, err := mg.Store.FindKept(name); err == nil {
+		unlock()
+		return nil, fmt.Errorf("template %s is kept as %q: %w", k.ID, name, ErrExists)
+	}
+	return unlock, nil
 }

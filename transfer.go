@@ -482,17 +482,11 @@ func (mg *Manager) receiveTemplate(ctx context.Context, c *wire, name string, pr
 	if err := checkHostFacts(&t, m.Host); err != nil {
 		return nil, fmt.Errorf("template %s: %w", t.ID, err)
 	}
-	unlock, err := mg.Store.Lock(ctx, name)
+	unlock, err := mg.lockFreeName(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if _, err := mg.Store.LoadMachine(name); err == nil {
-		return nil, fmt.Errorf("a machine is named %q: %w", name, ErrExists)
-	}
-	if k, err := mg.Store.FindKept(name); err == nil {
-		return nil, fmt.Errorf("template %s is kept as %q: %w", k.ID, name, ErrExists)
-	}
 	cs := mg.Store.chunkStore()
 	unlockStore, err := cs.lock(false)
 	if err != nil {
