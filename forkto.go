@@ -128,7 +128,10 @@ func (mg *Manager) ForkTo(ctx context.Context, req ForkToRequest) (res *ForkToRe
 	}
 	if kerr != nil {
 		// A machine: its instant frozen as for a local fork.
-		t, err := mg.Keep(ctx, KeepRequest{Source: req.Source, Name: tmp, Identity: req.Identity})
+		// The live path's freeze is a local fork's (its RAM a delta
+		// where the driver can): the template's RAM is only ever mapped
+		// by the QEMU loaded from it here, never pushed.
+		t, err := mg.Keep(ctx, KeepRequest{Source: req.Source, Name: tmp, Identity: req.Identity, delta: live})
 		if err != nil {
 			return fail(err)
 		}

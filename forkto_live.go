@@ -9,9 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmfork/vmfork/overlay"
 )
@@ -257,7 +261,8 @@ func (mg *Manager) forkToLive(ctx context.Context, req ForkToRequest, res *ForkT
 	lctx, cancelLoad := context.WithCancel(ctx)
 	defer cancelLoad()
 	go func() {
-		dir, err := os.MkdirTemp("", "vmfork-loaded-")
+		sweepLoaded()
+		dir, err := os.MkdirTemp("", loadedPrefix+strconv.Itoa(os.Getpid())+"-")
 		if err != nil {
 			loadc <- loadResult{nil, err}
 			return
@@ -434,4 +439,27 @@ func forkToOrphanDeadline(t *Template) time.Time {
 		return time.Time{}
 	}
 	return t.Created.Add(ForkToOrphanAfter)
+}
+
+// loadedPrefix starts the name of the directory of a live fork's loaded
+// QEMU (in the system's temporary directory: its sockets' paths must stay
+// short), followed by the pid of the vmfork that made it.
+const loadedPrefix = "vmfork-loaded-"
+
+// sweepLoaded removes the directories of loaded QEMUs whose vmfork is gone
+// (killed mid-transfer: the QEMU went with it, spawnOptions.dieWithCLI in
+// the driver, but its directory stayed).
+func sweepLoaded() {
+	found, _ := filepath.Glob(filepath.Join(os.TempDir(), loadedPrefix+"*"))
+	for _, p := range found {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(p), loadedPrefix), "-")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil || n <= 0 {
+			continue // an older vmfork's: no pid to check
+		}
+		if err := unix.Kill(n, 0); err == nil || errors.Is(err, unix.EPERM) {
+			continue // its vmfork still runs
+		}
+		os.RemoveAll(p)
+	}
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +177,36 @@ func TestReapGivesUpOrphanedForkToTemplates(t *testing.T) {
 	}
 	if _, err := mg.Store.FindKept("fork-to-golden"); err != nil {
 		t.Errorf("a template of another name was given up: %v", err)
+	}
+}
+
+// TestSweepLoaded: a loaded QEMU's directory goes once the vmfork that made
+// it is gone, never while it runs; names without a pid are left alone.
+func TestSweepLoaded(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string) string {
+		p := filepath.Join(tmp, name)
+		if err := os.MkdirAll(filepath.Join(p, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	gone := mk(loadedPrefix + strconv.Itoa(dead.Process.Pid) + "-123")
+	mine := mk(loadedPrefix + strconv.Itoa(os.Getpid()) + "-456")
+	old := mk(loadedPrefix + "abcdef")
+	other := mk("vmfork-other-1-2")
+	sweepLoaded()
+	if _, err := os.Stat(gone); !os.IsNotExist(err) {
+		t.Errorf("%s: a dead vmfork's directory was kept (%v)", gone, err)
+	}
+	for _, p := range []string{mine, old, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s: removed: %v", p, err)
+		}
 	}
 }

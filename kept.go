@@ -33,6 +33,10 @@ type KeepRequest struct {
 	// Contract is the one the template's children get (contracts.go); nil:
 	// the source's.
 	Contract *contract.Contract
+	// delta lets the freeze keep the RAM as a delta on the source's file,
+	// as a local fork's (FreezeOptions.Delta): fork --to's live path, whose
+	// only QEMU of the template is one the driver starts (forkto_live.go).
+	delta bool
 }
 
 // TemplateStatus is a template as `vmfork template ls` shows it. Its JSON
@@ -201,7 +205,7 @@ func (mg *Manager) applyKeep(ctx context.Context, p *keepPlan) (t *Template, err
 			// gets an overlay on it (fork.go).
 			err = mg.freezeStopped(ctx, src, t)
 		} else if err = mg.preFork(ctx, src, t, req.Identity); err == nil {
-			err = mg.freezeRunning(ctx, p.forker, src, t, FreezeOptions{})
+			err = mg.freezeRunning(ctx, p.forker, src, t, FreezeOptions{Delta: req.delta})
 		}
 	}
 	if err != nil {

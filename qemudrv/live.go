@@ -76,7 +76,9 @@ func (d *Driver) LoadTemplate(ctx context.Context, t *vmfork.Template, dir strin
 			return nil, err
 		}
 	}
-	if err := d.Prestart(ctx, m, t); err != nil {
+	// The loaded QEMU serves this command alone: if vmfork is killed
+	// mid-transfer, it goes too, never left paused behind it.
+	if err := d.Prestart(withDieWithCLI(ctx), m, t); err != nil {
 		return nil, fmt.Errorf("load template %s: %w", t.ID, err)
 	}
 	l := &loaded{d: d, m: m}
@@ -278,3 +280,16 @@ func (d *Driver) IncomingStatus(ctx context.Context, m *vmfork.Machine) (string,
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// dieWithCLIKey marks a context whose QEMU must not outlive this CLI
+// (spawnOptions.dieWithCLI); Prestart passes it down to the spawn.
+type dieWithCLIKey struct{}
+
+func withDieWithCLI(ctx context.Context) context.Context {
+	return context.WithValue(ctx, dieWithCLIKey{}, true)
+}
+
+func diesWithCLI(ctx context.Context) bool {
+	v, _ := ctx.Value(dieWithCLIKey{}).(bool)
+	return v
+}

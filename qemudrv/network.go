@@ -95,7 +95,7 @@ func (d *Driver) spawnMachine(ctx context.Context, bin string, m *vmfork.Machine
 			d.removeEgress(m)
 		}
 	}()
-	var so spawnOptions
+	so := spawnOptions{dieWithCLI: diesWithCLI(ctx)}
 	if cg != nil {
 		f, err := os.Open(cg.Path)
 		if err != nil {

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,6 +34,9 @@ type spawnOptions struct {
 	// cgroup, if set, is the cgroup QEMU starts in (clone3 into it, so
 	// that none of its sockets predates it: contract.go).
 	cgroup *os.File
+	// dieWithCLI: QEMU is killed when this CLI ends, however it ends (a
+	// fork --to's loaded QEMU, which serves that one command: live.go).
+	dieWithCLI bool
 }
 
 // spawn starts QEMU so that it outlives the CLI: its own process group (a
@@ -57,7 +62,12 @@ func spawn(bin string, args []string, logPath string, opt spawnOptions) (*proces
 	if opt.cgroup != nil {
 		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(opt.cgroup.Fd())
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if opt.dieWithCLI {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+		start = func() error { return startOnLastingThread(cmd) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("start QEMU: %w", err)
 	}
 	p := &process{pid: cmd.Process.Pid, done: make(chan struct{})}
@@ -69,6 +79,31 @@ func spawn(bin string, args []string, logPath string, opt spawnOptions) (*proces
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// The thread that starts a process with Pdeathsig must outlive it: the
+// signal comes when that thread ends, not the CLI, and Go ends a thread
+// whose goroutine exits locked to it (the ptrace calls of a remap lock
+// theirs). One goroutine, locked to its thread and never returning, starts
+// every such process.
+var (
+	lastingOnce   sync.Once
+	lastingStarts chan func()
+)
+
+func startOnLastingThread(cmd *exec.Cmd) error {
+	lastingOnce.Do(func() {
+		lastingStarts = make(chan func())
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the CLI
+			for f := range lastingStarts {
+				f()
+			}
+		}()
+	})
+	errc := make(chan error, 1)
+	lastingStarts <- func() { errc <- cmd.Start() }
+	return <-errc
 }
 
 // awaitExit returns once process pid has exited, without reaping it. A wait

@@ -4,6 +4,7 @@ package tests
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmfork/vmfork/internal/proc"
 )
 
 type forkToJSON struct {
@@ -142,6 +145,58 @@ func TestForkTo(t *testing.T) {
 		}
 	}
 
+	// vmfork itself killed during postcopy: the QEMU it loaded here goes
+	// with it (never left paused behind it), the other host undoes its
+	// child as for a cut link, the source runs. The fork's template here
+	// stays kept under its fork-to name (gc gives it up after
+	// ForkToOrphanAfter): removed by hand below.
+	args := append(append([]string{"fork", "src", "kid", "--to", b.addr, "--to-mode", "postcopy"}, slow...), r.forkTo()...)
+	loaded := func(marker string) (pids []int) {
+		ents, _ := os.ReadDir("/proc")
+		for _, ent := range ents {
+			p, err := strconv.Atoi(ent.Name())
+			if err == nil && proc.Alive(p, marker) {
+				pids = append(pids, p)
+			}
+		}
+		return pids
+	}
+	sawLoaded := false
+	killed, cli := a.cutAt(t, "fork-serve", func() bool {
+		if !childRuns() {
+			return false
+		}
+		time.Sleep(time.Second)
+		sawLoaded = len(loaded("vmfork-loaded-")) > 0
+		return true
+	}, true, args...)
+	if killed.code == 0 {
+		t.Errorf("fork --to with vmfork killed during postcopy: %s, want a failure", killed)
+	}
+	if !sawLoaded {
+		t.Errorf("vmfork killed during postcopy: no loaded QEMU was running when it was killed")
+	}
+	loadedBy := func() []int { return loaded(fmt.Sprintf("vmfork-loaded-%d-", cli)) }
+	for deadline := time.Now().Add(10 * time.Second); len(loadedBy()) > 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("vmfork killed: its loaded QEMU %v still runs", loadedBy())
+			for _, p := range loadedBy() {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+			break
+		}
+	}
+	var kept []struct {
+		Name string `json:"name"`
+	}
+	a.jsonOK(&kept, "template", "ls")
+	for _, k := range kept {
+		if strings.HasPrefix(k.Name, "fork-to-") {
+			a.ok("template", "rm", k.Name)
+		}
+	}
+	nothingLeft("vmfork killed during postcopy")
+
 	// Never synced: it lives in the guest's page cache, i.e. in its RAM.
 	a.exec("src", "sh", "-c", "echo unsynced > /data/unsynced")
 	before := a.counter("src")
@@ -217,6 +272,14 @@ func TestForkTo(t *testing.T) {
 // it returns how vmfork ended.
 func (e *env) cutSSH(t *testing.T, what string, now func() bool, args ...string) result {
 	t.Helper()
+	r, _ := e.cutAt(t, what, now, false, args...)
+	return r
+}
+
+// cutAt is cutSSH, killing vmfork itself instead of its ssh when killCLI
+// is set; it also returns vmfork's pid.
+func (e *env) cutAt(t *testing.T, what string, now func() bool, killCLI bool, args ...string) (result, int) {
+	t.Helper()
 	argv := append(slices.Clone(e.runAs), append([]string{e.bin, "--state-dir", e.stateDir, "--mem-dir", e.memDir}, args...)...)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	var out, errb bytes.Buffer
@@ -243,6 +306,9 @@ func (e *env) cutSSH(t *testing.T, what string, now func() bool, args ...string)
 			if strings.HasPrefix(string(cl), "ssh\x00") && strings.Contains(string(cl), what) && now() {
 				// Let some of it happen first.
 				time.Sleep(300 * time.Millisecond)
+				if killCLI {
+					p = cmd.Process.Pid
+				}
 				syscall.Kill(p, syscall.SIGKILL)
 				killed = true
 			}
@@ -253,7 +319,7 @@ func (e *env) cutSSH(t *testing.T, what string, now func() bool, args ...string)
 	if ee, ok := err.(*exec.ExitError); ok {
 		r.code = ee.ExitCode()
 	}
-	return r
+	return r, cmd.Process.Pid
 }
 
 // childPIDs lists the processes whose parent is pid.
