@@ -127,6 +127,15 @@ func (mg *Manager) ForkTo(ctx context.Context, req ForkToRequest) (res *ForkToRe
 		res.Mode = ForkToPostcopy
 	}
 	if kerr != nil {
+		// Held from before the freeze to after the template is given up
+		// (this defer runs last): gc tells an abandoned one by it.
+		release, err := mg.Store.holdForkTo(tmp)
+		if err != nil {
+			return fail(err)
+		}
+		defer release()
+	}
+	if kerr != nil {
 		// A machine: its instant frozen as for a local fork.
 		// The live path's freeze is a local fork's (its RAM a delta
 		// where the driver can): the template's RAM is only ever mapped

@@ -441,6 +441,48 @@ func forkToOrphanDeadline(t *Template) time.Time {
 	return t.Created.Add(ForkToOrphanAfter)
 }
 
+// holdForkTo marks kept template name as a running fork --to's for as long
+// as this vmfork holds it: a lock file beside the name locks, flocked. A
+// vmfork killed mid-fork leaves the file unlocked (the kernel drops the
+// lock with the process), and gc gives that template up at once
+// (forkToAbandoned) instead of an hour later. release removes the file.
+func (s *Store) holdForkTo(name string) (release func(), err error) {
+	path := filepath.Join(s.StateDir, dirLocks, name+".sending")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("hold %q: %w", name, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("hold %q: %w", name, err)
+	}
+	// Removed before the lock goes: gc never finds it unlocked while
+	// this fork runs.
+	return func() { os.Remove(path); f.Close() }, nil
+}
+
+// forkToAbandoned reports whether kept template name was made by a fork
+// --to here whose vmfork is gone (holdForkTo's file there, unlocked), and
+// removes that file. A name without the file (a template pushed here by
+// another host's fork, whose fork-serve gives it up) is not: the hour of
+// ForkToOrphanAfter covers it.
+func (s *Store) forkToAbandoned(name string) bool {
+	if !forkToNameRE.MatchString(name) {
+		return false
+	}
+	path := filepath.Join(s.StateDir, dirLocks, name+".sending")
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false // its fork still runs
+	}
+	os.Remove(path)
+	return true
+}
+
 // loadedPrefix starts the name of the directory of a live fork's loaded
 // QEMU (in the system's temporary directory: its sockets' paths must stay
 // short), followed by the pid of the vmfork that made it.

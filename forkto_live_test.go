@@ -210,3 +210,40 @@ func TestSweepLoaded(t *testing.T) {
 		}
 	}
 }
+
+// TestForkToAbandoned: a fork --to's template is abandoned only once the
+// vmfork holding it is gone (its lock file left unlocked), never while it
+// runs, and a name without the file (pushed here by another host) or not
+// a fork --to's is not.
+func TestForkToAbandoned(t *testing.T) {
+	s := newTestStore(t)
+	const name = "fork-to-0123456789ab"
+	release, err := s.holdForkTo(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.forkToAbandoned(name) {
+		t.Errorf("%s: abandoned while its fork holds it", name)
+	}
+	release()
+	if s.forkToAbandoned(name) {
+		t.Errorf("%s: abandoned after its fork ended cleanly (no file left)", name)
+	}
+	// A vmfork killed mid-fork: the file stays, its lock went with it.
+	path := filepath.Join(s.StateDir, dirLocks, name+".sending")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !s.forkToAbandoned(name) {
+		t.Errorf("%s: not abandoned with its holder gone", name)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s: file kept after it was found abandoned (%v)", path, err)
+	}
+	if err := os.WriteFile(filepath.Join(s.StateDir, dirLocks, "golden.sending"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s.forkToAbandoned("golden") {
+		t.Errorf("golden: not a fork --to's name, found abandoned")
+	}
+}

@@ -215,6 +215,9 @@ func (mg *Manager) Reap(ctx context.Context, now time.Time) (ReapResult, error) 
 		exp := t.Expires
 		if exp.IsZero() {
 			exp = forkToOrphanDeadline(t) // forkto_live.go
+			if !exp.IsZero() && mg.Store.forkToAbandoned(t.Name) {
+				exp = t.Created // its vmfork died mid-fork: due now
+			}
 		}
 		if t.Name == "" || exp.IsZero() || t.Driver != mg.Driver.Name() {
 			continue
