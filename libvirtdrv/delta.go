@@ -95,7 +95,8 @@ func mapTemplateRAM(ctx context.Context, mon monitor, pid int, start string, t *
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}
-	mon.log.WithFields(logrus.Fields{"template": t.ID, "delta_bytes": st.Bytes, "delta_runs": st.Runs,
-		"delta_ms": float64(st.Took.Microseconds()) / 1000}).Debug("delta applied")
+	f := logrus.Fields(st.LogFields())
+	f["template"], f["delta_depth"] = t.ID, d.Depth()
+	mon.log.WithFields(f).Debug("delta applied")
 	return nil
 }

@@ -210,7 +210,9 @@ func mapTemplate(ctx context.Context, mon *qmp.Monitor, pid int, start string, t
 		if err != nil {
 			return fmt.Errorf("template %q: %w", t.ID, err)
 		}
-		log.WithFields(logrus.Fields{"template": t.ID, "delta_bytes": st.Bytes, "delta_runs": st.Runs, "delta_depth": d.Depth(), "delta_ms": float64(st.Took.Microseconds()) / 1000}).Debug("delta applied")
+		f := logrus.Fields(st.LogFields())
+		f["template"], f["delta_depth"] = t.ID, d.Depth()
+		log.WithFields(f).Debug("delta applied")
 		return nil
 	}
 	return sharedmem.MapTemplate(ctx, mon, pid, start, t.Paths.RAM, sizeBytes)

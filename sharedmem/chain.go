@@ -174,27 +174,18 @@ func (s pageSet) runs() []pageRun {
 }
 
 // MapTemplateChain is MapTemplate for a delta template whose delta applies
-// after a chain of others: the child maps the base privately and gets
-// every delta's pages, oldest first, before anything else runs.
+// after a chain of others: the child maps the base privately and gets the
+// chain's pages, each from the newest delta holding it, mapped from the
+// delta files or copied (overlay.go), before anything else runs.
 func MapTemplateChain(ctx context.Context, mon Monitor, pid int, start, base string, deltas []string, sizeBytes int64) (ApplyStats, error) {
-	var total ApplyStats
 	if err := MapTemplate(ctx, mon, pid, start, base, sizeBytes); err != nil {
-		return total, err
+		return ApplyStats{}, err
 	}
 	m, err := baseMapping(pid, base, sizeBytes)
 	if err != nil {
-		return total, err
+		return ApplyStats{}, err
 	}
-	for _, d := range deltas {
-		st, err := ApplyDelta(ctx, m, d)
-		total.Bytes += st.Bytes
-		total.Runs += st.Runs
-		total.Took += st.Took
-		if err != nil {
-			return total, err
-		}
-	}
-	return total, nil
+	return applyChain(ctx, mon, m, deltas)
 }
 
 // CompactChain writes base with each delta's pages over it, oldest first,

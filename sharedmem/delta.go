@@ -28,8 +28,8 @@ package sharedmem
 // remaps the source onto it and starts its deltas again from there.
 //
 // Children of a delta template map the base privately (MapTemplate) and get
-// the delta's pages written into that mapping before the device state is
-// loaded (ApplyDelta): they are then a private copy-on-write view of exactly
+// the deltas' pages mapped over it, or written into it, before the device
+// state is loaded (overlay.go): they are then a private copy-on-write view of exactly
 // the instant's memory, and a child holds the delta's pages privately while
 // its siblings share the base.
 
@@ -78,11 +78,7 @@ func PrivateBytes(ctx context.Context, m Mapping) (int64, error) {
 	defer pm.Close()
 	var n int64
 	count := func(_, k int64) error { n += k * pageSize; return nil }
-	err = scanPrivate(pm, uint64(m.Start), uint64(m.End), count)
-	if err == errNoPagemapScan {
-		err = readPrivate(ctx, pm, m, count)
-	}
-	if err != nil {
+	if err := scanOwn(ctx, pm, m, count); err != nil {
 		return 0, fmt.Errorf("count private pages: %w", err)
 	}
 	return n, nil
@@ -452,17 +448,12 @@ func (p *Plan) writeWritten(ctx context.Context, written []pageRun) (int64, erro
 	return copyRuns(ctx, p.m, p.delta, changed)
 }
 
-// ApplyStats says what ApplyDelta wrote.
-type ApplyStats struct {
-	Bytes int64         `json:"bytes"`
-	Runs  int           `json:"runs"`
-	Took  time.Duration `json:"took"`
-}
-
 // ApplyDelta writes the data extents of the delta file into the guest RAM
 // mapping m of a QEMU that has not run its guest yet (a child, after
-// MapTemplate onto the delta's base). m is a private mapping, so the
-// writes go to the child's own copy-on-write pages and never to the base.
+// MapTemplate onto the delta's base): the copy a child of a delta template
+// made before it mapped the deltas (overlay.go), which still copies the
+// short runs (writeRuns). m is a private mapping, so the writes go to the
+// child's own copy-on-write pages and never to the base.
 //
 // Why process_vm_writev: the child's QEMU is stopped at -incoming with no
 // vCPU running, so writing into its address space from outside is safe,
@@ -485,37 +476,17 @@ func ApplyDelta(ctx context.Context, m Mapping, delta string) (st ApplyStats, er
 	if fi.Size() < m.Offset+m.Size() {
 		return st, fmt.Errorf("apply RAM delta %s: %d bytes, the mapping needs %d", delta, fi.Size(), m.Offset+m.Size())
 	}
-	var runs []pageRun
-	err = DataExtents(ctx, f, m.Offset+m.Size(), func(off, end int64) error {
-		if off < m.Offset {
-			off = m.Offset
-		}
-		if end > off {
-			runs = append(runs, pageRun{(off - m.Offset) / pageSize, (end - off + pageSize - 1) / pageSize})
-		}
-		return nil
-	})
+	runs, err := dataRuns(ctx, f, m.Offset, m.Size())
 	if err != nil {
 		return st, fmt.Errorf("apply RAM delta: %w", err)
 	}
 	st.Runs = len(runs)
-	if len(runs) == 0 {
-		st.Took = time.Since(start)
-		return st, nil
-	}
-	mem, err := unix.Mmap(int(f.Fd()), m.Offset, int(m.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return st, fmt.Errorf("map %s: %w", delta, err)
-	}
-	defer unix.Munmap(mem)
-	n, err := moveRuns(ctx, m, mem, runs, true)
-	st.Bytes = n
-	if err != nil {
-		// A page the child would miss: it must not run.
-		return st, fmt.Errorf("write RAM delta into pid %d: %w", m.PID, err)
+	if len(runs) > 0 {
+		st.Bytes, err = writeRuns(ctx, m, f, runs)
+		st.CopiedBytes = st.Bytes
 	}
 	st.Took = time.Since(start)
-	return st, nil
+	return st, err
 }
 
 // MapTemplateDelta is MapTemplate for a delta template: the child maps the

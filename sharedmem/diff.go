@@ -26,7 +26,7 @@ type DiffStats struct {
 
 // CopyPrivate copies the pages of private file mapping m that hold the
 // process's own writes (copy-on-write copies: present and not a file page,
-// or swapped out) into dst at the same file offsets. Every other page of m
+// or swapped out) and its overlays (deltas it mapped, overlay.go) into dst at the same file offsets. Every other page of m
 // shows the mapped file, so when dst already holds that file's contents, dst
 // then holds exactly what the process sees. The process must not write
 // meanwhile (a paused guest). The cost follows the pages written since the
@@ -44,11 +44,7 @@ func CopyPrivate(ctx context.Context, m Mapping, dst *os.File) (st DiffStats, er
 		runs = append(runs, pageRun{first, n})
 		return nil
 	}
-	err = scanPrivate(pm, uint64(m.Start), uint64(m.End), collect)
-	if errors.Is(err, errNoPagemapScan) {
-		err = readPrivate(ctx, pm, m, collect)
-	}
-	if err != nil {
+	if err := scanOwn(ctx, pm, m, collect); err != nil {
 		return st, fmt.Errorf("copy private pages: %w", err)
 	}
 	if len(runs) == 0 {

@@ -23,6 +23,13 @@ type Mapping struct {
 	Shared     bool // MAP_SHARED; false for a private (copy-on-write) mapping
 	Dev, Inode uint64
 	Path       string // the name the kernel shows; may be gone ("(deleted)")
+	// Overlays are the runs of the region that show other files than
+	// this one: a child's mapped deltas (overlay.go), its own pages.
+	Overlays []Overlay
+	// fileStart, fileEnd are the addresses of the piece of the region
+	// that maps this file, where Overlays split it (zero: all of it):
+	// /proc/PID/map_files names one VMA.
+	fileStart, fileEnd uintptr
 }
 
 // Size is the mapping's length in bytes.
@@ -35,7 +42,11 @@ func (m Mapping) Size() int64 { return int64(m.End - m.Start) }
 // open too. QEMU always holds one: the RAM file it opened, and after a remap
 // the file Remap dup'd over that descriptor (remap_linux_amd64.go).
 func (m Mapping) File(flag int) (*os.File, error) {
-	p := fmt.Sprintf("/proc/%d/map_files/%x-%x", m.PID, m.Start, m.End)
+	start, end := m.Start, m.End
+	if m.fileEnd != 0 {
+		start, end = m.fileStart, m.fileEnd
+	}
+	p := fmt.Sprintf("/proc/%d/map_files/%x-%x", m.PID, start, end)
 	f, err := os.OpenFile(p, flag, 0)
 	if err == nil {
 		return f, nil
@@ -97,7 +108,9 @@ var ErrNoMapping = errors.New("no guest RAM mapping found")
 // FindRAM finds the guest RAM mapping of process pid: the one file mapping of
 // exactly size bytes whose name ends in suffix (".ram"), or, with inode set,
 // the mapping of that inode. Guest RAM files are the only files QEMU maps at
-// such sizes, and QEMU maps each in one piece.
+// such sizes, and QEMU maps each in one piece; a child that mapped deltas
+// over its base has it in pieces (findSplit), found by the base's inode or
+// name.
 func FindRAM(pid int, size int64, suffix string, inode uint64) (Mapping, error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/maps")
 	if err != nil {
@@ -118,6 +131,15 @@ func FindRAM(pid int, size int64, suffix string, inode uint64) (Mapping, error) 
 		if inode == 0 && strings.HasSuffix(name, suffix) {
 			return m, nil
 		}
+	}
+	isBase := func(m Mapping) bool {
+		if inode != 0 {
+			return m.Inode == inode
+		}
+		return strings.HasSuffix(strings.TrimSuffix(m.Path, " (deleted)"), suffix)
+	}
+	if m, ok := findSplit(ms, size, isBase); ok {
+		return m, nil
 	}
 	return Mapping{}, fmt.Errorf("pid %d, %d bytes: %w", pid, size, ErrNoMapping)
 }

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeMonitor stands for QEMU's QMP: add-fd answers with the descriptor the
@@ -21,6 +23,9 @@ type fakeMonitor struct {
 	fd      int
 	addFail error
 	cmds    []string
+	// pid, when set, is a helper holding the files add-fd hands over:
+	// each gets the helper's own descriptor of that file (FDOf).
+	pid int
 }
 
 func (m *fakeMonitor) Execute(_ context.Context, cmd string, _, _ any) error {
@@ -28,12 +33,23 @@ func (m *fakeMonitor) Execute(_ context.Context, cmd string, _, _ any) error {
 	return nil
 }
 
-func (m *fakeMonitor) ExecuteWithFile(_ context.Context, cmd string, _ any, _ *os.File, result any) error {
+func (m *fakeMonitor) ExecuteWithFile(_ context.Context, cmd string, _ any, f *os.File, result any) error {
 	m.cmds = append(m.cmds, cmd)
 	if m.addFail != nil {
 		return m.addFail
 	}
-	return json.Unmarshal([]byte(fmt.Sprintf(`{"fdset-id": 3, "fd": %d}`, m.fd)), result)
+	fd := m.fd
+	if m.pid != 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			return err
+		}
+		var err error
+		if fd, err = FDOf(m.pid, st.Dev, st.Ino); err != nil {
+			return err
+		}
+	}
+	return json.Unmarshal([]byte(fmt.Sprintf(`{"fdset-id": 3, "fd": %d}`, fd)), result)
 }
 
 func planRequest(pid int, own, dir string) PlanRequest {

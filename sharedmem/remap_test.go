@@ -38,7 +38,19 @@ const helperPages = 64
 // "get N" prints page N's first byte, "set N B" writes byte B there, "drop
 // N" discards page N.
 func remapHelper(paths string) int {
-	path, other, _ := strings.Cut(paths, ":")
+	// mapped:other[:more...]: more are held open too, read-only (the
+	// delta files a fakeMonitor with pid hands over by their descriptors).
+	parts := strings.Split(paths, ":")
+	path, other := parts[0], parts[len(parts)-1]
+	if len(parts) > 1 {
+		other = parts[1]
+	}
+	for _, p := range parts[2:] {
+		if _, err := os.Open(p); err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		fmt.Println("error", err)

@@ -279,7 +279,8 @@ func writtenRuns(m Mapping) ([]pageRun, error) {
 	return runs, err
 }
 
-// privateRuns returns the runs of m's private pages.
+// privateRuns returns the runs of m's private pages (its overlays among
+// them: scanOwn).
 func privateRuns(ctx context.Context, m Mapping) ([]pageRun, error) {
 	pm, err := os.Open("/proc/" + strconv.Itoa(m.PID) + "/pagemap")
 	if err != nil {
@@ -288,10 +289,7 @@ func privateRuns(ctx context.Context, m Mapping) ([]pageRun, error) {
 	defer pm.Close()
 	var runs []pageRun
 	collect := func(first, n int64) error { runs = append(runs, pageRun{first, n}); return nil }
-	err = scanPrivate(pm, uint64(m.Start), uint64(m.End), collect)
-	if errors.Is(err, errNoPagemapScan) {
-		err = readPrivate(ctx, pm, m, collect)
-	}
+	err = scanOwn(ctx, pm, m, collect)
 	return runs, err
 }
 
