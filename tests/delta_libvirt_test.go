@@ -14,12 +14,21 @@ import (
 // the fork's --trace-json reports it and the fork's result.
 func (d *driverEnv) lvForkTrace(src, child string) (traceEvent, forkJSON) {
 	d.t.Helper()
-	r := d.cliOK("fork", src, child, "--json", "--trace-json")
+	fz, res, _, _ := d.lvForkDebug(src, child)
+	return fz, res
+}
+
+// lvForkDebug is lvForkTrace with the debug log, and what its child's
+// "delta applied" line says (deltaAppliedOf).
+func (d *driverEnv) lvForkDebug(src, child string) (traceEvent, forkJSON, deltaApplied, bool) {
+	d.t.Helper()
+	r := d.cliOK("--log-level", "debug", "fork", src, child, "--json", "--trace-json")
 	var res forkJSON
 	if err := jsonDecode(r.stdout, &res); err != nil || len(res.Children) != 1 {
 		d.t.Fatalf("fork %s %s: %v: %s", src, child, err, r)
 	}
-	return frozenEvent(d.t, r.stderr), res
+	da, ok := deltaAppliedOf(r.stderr)
+	return frozenEvent(d.t, r.stderr), res, da, ok
 }
 
 // failDeltaFork makes a delta fork of src fail inside the pause, after its
@@ -68,7 +77,7 @@ func TestLibvirtDeltaForks(t *testing.T) {
 	const forks = 5
 	sums := map[int]string{} // the file each instant wrote
 	tpls := map[int]string{}
-	var deltas int64
+	var deltas, mapped int64
 	for i := 1; i <= forks; i++ {
 		n := strconv.Itoa(i)
 		d.run(src, "sh", "-c", "echo "+n+" > /run/instant")
@@ -76,8 +85,11 @@ func TestLibvirtDeltaForks(t *testing.T) {
 		if i == forks {
 			d.failDeltaFork(src)
 		}
-		fz, res := d.lvForkTrace(src, child(i))
+		fz, res, da, applied := d.lvForkDebug(src, child(i))
 		tpls[i] = res.Template
+		if i > 1 {
+			mapped += checkApplied(t, child(i), da, applied)
+		}
 		rec := d.templateRecord(res.Template)
 		switch {
 		case i == 1 && (fz.RAMMode != "first" || rec.RAMDelta != nil):
@@ -136,6 +148,11 @@ func TestLibvirtDeltaForks(t *testing.T) {
 	}
 	for i := 1; i <= forks; i++ {
 		check(child(i), i)
+	}
+	// The domains map the deltas' long runs into libvirt's QEMU (the
+	// files handed over with add-fd, as the base is): sharedmem/overlay.go.
+	if mapped == 0 {
+		t.Error("no child of a delta template mapped any of its delta's pages: all copied")
 	}
 	// The mem dir: the domain's file (the first template, every delta's
 	// base) once, and the deltas. Full copies would be forks × that file.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -53,6 +54,67 @@ func (e *env) memDirBytes() (total int64, byName map[string]int64) {
 	return total, byName
 }
 
+// deltaApplied is what a child's "delta applied" debug log line says
+// (sharedmem.ApplyStats.LogFields): the chain's bytes, how many of them
+// were mapped from the delta files (in how many runs) and copied.
+type deltaApplied struct {
+	bytes, mapped, copied int64
+	mappedRuns            int64
+}
+
+var deltaAppliedField = regexp.MustCompile(`\b(delta_bytes|delta_mapped_bytes|delta_copied_bytes|delta_mapped_runs)=([0-9]+)`)
+
+// deltaAppliedOf finds the "delta applied" line in a fork's stderr (run
+// with --log-level debug); false when there is none.
+func deltaAppliedOf(stderr string) (deltaApplied, bool) {
+	for _, l := range strings.Split(stderr, "\n") {
+		if !strings.Contains(l, `msg="delta applied"`) {
+			continue
+		}
+		var d deltaApplied
+		for _, m := range deltaAppliedField.FindAllStringSubmatch(l, -1) {
+			n, _ := strconv.ParseInt(m[2], 10, 64)
+			switch m[1] {
+			case "delta_bytes":
+				d.bytes = n
+			case "delta_mapped_bytes":
+				d.mapped = n
+			case "delta_copied_bytes":
+				d.copied = n
+			case "delta_mapped_runs":
+				d.mappedRuns = n
+			}
+		}
+		return d, true
+	}
+	return deltaApplied{}, false
+}
+
+// forkDebug is forkMode with the debug log, and what its child's "delta
+// applied" line says (false: none, the template is a full file).
+func (e *env) forkDebug(src, child string) (traceEvent, forkJSON, deltaApplied, bool) {
+	e.t.Helper()
+	r := e.ok("--log-level", "debug", "fork", src, child, "--json", "--trace-json")
+	var res forkJSON
+	if err := jsonDecode(r.stdout, &res); err != nil || len(res.Children) != 1 {
+		e.t.Fatalf("fork %s %s: %v: %s", src, child, err, r)
+	}
+	da, ok := deltaAppliedOf(r.stderr)
+	return frozenEvent(e.t, r.stderr), res, da, ok
+}
+
+// checkApplied fails the test unless a child of a delta template got its
+// chain (bytes, each page once), mapped or copied, and returns the bytes
+// mapped.
+func checkApplied(t *testing.T, child string, da deltaApplied, ok bool) int64 {
+	t.Helper()
+	if !ok || da.bytes == 0 || da.mapped+da.copied != da.bytes || (da.mapped > 0) != (da.mappedRuns > 0) {
+		t.Errorf("%s: delta applied %+v (logged: %v); want the chain's bytes, mapped plus copied", child, da, ok)
+	}
+	t.Logf("%s: chain of %d KiB: %d KiB mapped in %d runs, %d KiB copied", child, da.bytes>>10, da.mapped>>10, da.mappedRuns, da.copied>>10)
+	return da.mapped
+}
+
 // TestDeltaForks (issue 27): a source forked 5 times, every child kept,
 // writing between the forks (a counter and a file per instant). The first
 // fork's template is the source's own file; every later one is a delta on
@@ -70,13 +132,18 @@ func TestDeltaForks(t *testing.T) {
 	sums := map[int]string{} // the file each instant wrote
 	tpls := map[int]string{}
 	tplBytes := map[int]int64{}
-	var deltas int64
+	var deltas, mapped int64
 	for i := 1; i <= forks; i++ {
 		n := strconv.Itoa(i)
 		e.exec("src", "sh", "-c", "echo "+n+" > /run/instant")
 		sums[i] = e.fillRun("src", "/run/file-"+n, 1)
-		fz, res := e.forkMode("src", "d"+n)
+		fz, res, da, applied := e.forkDebug("src", "d"+n)
 		tpls[i] = res.Template
+		if i > 1 {
+			mapped += checkApplied(t, "d"+n, da, applied)
+		} else if applied {
+			t.Errorf("fork 1 (a full file): its child applied a delta: %+v", da)
+		}
 		rec := e.templateRecord(res.Template)
 		switch {
 		case i == 1 && (fz.RAMMode != "first" || rec.RAMDelta != nil):
@@ -136,6 +203,11 @@ func TestDeltaForks(t *testing.T) {
 	for i := 1; i <= forks; i++ {
 		check("d"+strconv.Itoa(i), i)
 	}
+	// The children map the deltas' long runs (sharedmem/overlay.go): a
+	// build that copies every page fails here.
+	if mapped == 0 {
+		t.Error("no child of a delta template mapped any of its deltas' pages: all copied")
+	}
 	// The mem dir: the source's file (the first template, every delta's
 	// base) once, and the deltas. Full copies would be forks × that file.
 	total, byName := e.memDirBytes()
@@ -147,10 +219,12 @@ func TestDeltaForks(t *testing.T) {
 
 	// A child of a delta template writes, and is forked: a delta again.
 	e.exec("d3", "sh", "-c", "echo from-d3 > /run/d3")
-	fz, _ := e.forkMode("d3", "e3")
+	// d3 maps its chain's runs: its fork reads them as its own pages.
+	fz, _, da, applied := e.forkDebug("d3", "e3")
 	if fz.RAMMode != "delta" {
 		t.Errorf("fork of d3 (a child of a delta template): RAM mode %s, want delta", fz.RAMMode)
 	}
+	checkApplied(t, "e3", da, applied)
 	check("e3", 3)
 	if got := e.exec("e3", "cat", "/run/d3"); got != "from-d3\n" {
 		t.Errorf("e3: /run/d3 = %q", got)
