@@ -24,12 +24,20 @@
 # the applied deltas among them). Uses its own state and mem dirs, removed
 # after. CHAIN_ONLY=1 with BURST skips nothing; N=1 runs the burst alone.
 #
+# Each fork's line has the 1-minute load average after it (load1) and the
+# child's "delta applied" figures: the chain's bytes, those mapped from the
+# delta files (in how many runs) and copied (sharedmem/overlay.go).
+# STOP_KEPT=1 stops each kept child's QEMU (SIGSTOP) after its fork and
+# lets them go on before the control fork: the forks then run without the
+# kept guests' TCG load (20 idle guests at 0.3-0.5 CPU each on 2 cores).
+#
 #   N=20 MEM=2G USE=1536 WRITE=25 BURST=16 scripts/delta-forks.sh bin/vmfork
 set -euo pipefail
 G=${VMFORK_GUEST:-/var/cache/vmfork/guest}
-N=${N:-5} MEM=${MEM:-1G} USE=${USE:-512} WRITE=${WRITE:-8} BURST=${BURST:-0}
+N=${N:-5} MEM=${MEM:-1G} USE=${USE:-512} WRITE=${WRITE:-8} BURST=${BURST:-0} STOP_KEPT=${STOP_KEPT:-0}
+stopped=()
 err=$(mktemp)
-trap 'rm -f "$err"' EXIT
+trap 'rm -f "$err"; [ ${#stopped[@]} -eq 0 ] || kill -CONT "${stopped[@]}" 2>/dev/null || true' EXIT
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 # write F MiB into /fill/NAME in the guest (1 MiB of urandom, catenated:
@@ -86,14 +94,21 @@ for bin in "$@"; do
       exit 1
     fi
     whole=$(ms "$t0")
-    read -r pause ready tpl < <(printf '%s' "$out" | python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["pause_ms"], r["children"][0].get("ready_ms", 0), r["template"])')
-    log=$(grep 'msg=frozen\|msg="delta applied"' "$err" | grep -o 'ram_mode=[a-z]*\|chain=[0-9]*\|precopied_bytes=[0-9]*\|paused_copy_bytes=[0-9]*\|delta_ms=[0-9.]*\|delta_depth=[0-9]*' | tr '\n' ' ' || true)
+    read -r pause ready tpl cpid < <(printf '%s' "$out" | python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["pause_ms"], r["children"][0].get("ready_ms", 0), r["template"], r["children"][0]["pid"])')
+    log=$(grep 'msg=frozen\|msg="delta applied"' "$err" | grep -o 'ram_mode=[a-z]*\|chain=[0-9]*\|precopied_bytes=[0-9]*\|paused_copy_bytes=[0-9]*\|delta_ms=[0-9.]*\|delta_depth=[0-9]*\|delta_bytes=[0-9]*\|delta_mapped_bytes=[0-9]*\|delta_mapped_runs=[0-9]*\|delta_copied_bytes=[0-9]*' | tr '\n' ' ' || true)
     held=$(du -s -B1 "$mem" | cut -f1)
     kind=$("${V[@]}" template ls --json | python3 -c 'import json, sys
 for t in json.load(sys.stdin):
     if t["id"] == sys.argv[1]:
         print("kind=%s depth=%d own_MiB=%.1f" % (t.get("ram_kind", "?"), t.get("chain_depth", 0), t["ram_bytes"] / 2**20))' "$tpl")
-    echo "$tag fork=$f whole_ms=$whole pause_ms=$pause ready_ms=$ready memdir_MiB=$((held >> 20)) $kind $log"
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    echo "$tag fork=$f whole_ms=$whole pause_ms=$pause ready_ms=$ready memdir_MiB=$((held >> 20)) load1=$load $kind $log"
+    if [ "$STOP_KEPT" = 1 ]; then
+      # The kept child's QEMU stopped (SIGSTOP) until the control fork:
+      # the next forks then run without its TCG load.
+      kill -STOP "$cpid"
+      stopped+=("$cpid")
+    fi
   done
   # The goal: the mem dir against the used RAM (the first template's file)
   # plus the sum of the deltas (each template's own).
@@ -110,6 +125,10 @@ print("%s templates=%d full=%d used_MiB=%.0f deltas_MiB=%.0f memdir_MiB=%.0f rat
   if [ "$N" -gt 1 ]; then
     # The cost of compacting the deepest chain into a full file.
     "${V[@]}" template compact "$tpl" --json | python3 -c 'import json, sys; r = json.load(sys.stdin); print("compact depth=%d written_MiB=%.0f ms=%.0f" % (r["chain_depth"], r["written_bytes"] / 2**20, r["elapsed_ms"]))'
+  fi
+  if [ ${#stopped[@]} -gt 0 ]; then
+    kill -CONT "${stopped[@]}"
+    stopped=()
   fi
   if [ "$N" -gt 1 ]; then
     # The control: a child of a full file (--no-delta), forked now, under
