@@ -19,7 +19,7 @@ package sharedmem
 // privateRuns: forks, hibernate, checkpoints, the tracked pre-copy) counts
 // the overlays as its own, since they are not in the base (scanOwn).
 //
-// Each mapped run costs one injected call (a few tens of microseconds) and
+// Each mapped run costs one injected call (~55 µs) and
 // one or two VMAs (vm.max_map_count is 65530; QEMU has a few hundred of
 // its own): runs shorter than mapMinPages are copied as before, and at most
 // mapMaxRuns runs are mapped, the longest first.
@@ -36,10 +36,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Bounds of the mapped apply (variables for the tests). A run of 16 pages
-// (64 KiB) copies in ~40 µs at the apply's 1.3-1.7 GB/s, about what an
-// injected mmap costs; 4096 mappings make at most ~8200 VMAs, an eighth of
-// vm.max_map_count.
+// Bounds of the mapped apply (variables for the tests). An injected mmap
+// costs ~55 µs (1000 of them into a helper process: 56 ms, on the 2-core
+// reference host beside TCG guests); copying a page costs ~3 µs at the
+// apply's 1.3-1.7 GB/s plus its copy-on-write fault, so a run pays mapped
+// from about 16 pages (64 KiB). 4096 mappings make at most ~8200 VMAs, an
+// eighth of vm.max_map_count, and cost at most ~0.25 s to inject.
 var (
 	mapMinPages int64 = 16
 	mapMaxRuns        = 4096
