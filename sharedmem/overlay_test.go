@@ -325,3 +325,77 @@ func mustStat(t *testing.T, path string) os.FileInfo {
 	}
 	return fi
 }
+
+// TestForkMappingChild: a child that mapped a delta is itself forked as a
+// delta on the same base, twice, its writes tracked over all the pieces
+// of its RAM (the second fork chained): each time the chain compacted is
+// exactly what the child sees, its mapped pages and its writes to them
+// included.
+func TestForkMappingChild(t *testing.T) {
+	rootOnly(t)
+	dir := t.TempDir()
+	const size = helperPages * pageSize
+	base := filepath.Join(dir, "t.base.ram")
+	fillFile(t, base, 'a')
+	d := filepath.Join(dir, "t.delta")
+	deltaFile(t, d, pagesOf(10, 20, 5))
+	c := filepath.Join(dir, "c.ram")
+	fillFile(t, c, 'c')
+	h := startHelper(t, c, base+":"+d)
+	pid := h.cmd.Process.Pid
+	st, err := MapTemplateChain(t.Context(), &fakeMonitor{pid: pid}, pid, c, base, []string{d}, size)
+	if err != nil || st.MappedRuns != 1 {
+		t.Fatalf("MapTemplateChain = %+v, %v; want the 20 pages mapped in one run", st, err)
+	}
+	track := filepath.Join(dir, "track.json")
+	var chain []string
+	fork := func(k int) *Plan {
+		t.Helper()
+		n := "f" + strconv.Itoa(k)
+		r := PlanRequest{
+			PID: pid, SizeBytes: size, Shared: true, RAM: c, Own: filepath.Join(dir, "own.ram"),
+			Template: filepath.Join(dir, n+".ram"), Temp: filepath.Join(dir, "."+n+".ram.tmp"), Suffix: ".ram",
+			Delta: filepath.Join(dir, n+".delta"), Base: filepath.Join(dir, n+".base.ram"), Track: track, Chain: true,
+		}
+		mon := &fakeMonitor{pid: pid}
+		p, err := Prepare(t.Context(), mon, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Cleanup(t.Context(), mon)
+		if p.Mode != Delta {
+			t.Fatalf("fork %d of the mapping child: mode %v, want delta", k, p.Mode)
+		}
+		if _, err := p.InPause(t.Context(), &PauseWindow{}); err != nil {
+			t.Fatal(err)
+		}
+		if p.TrackErr != nil {
+			t.Errorf("fork %d: write tracking: %v", k, p.TrackErr)
+		}
+		m, err := FindRAM(pid, size, ".ram", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full := filepath.Join(dir, n+".full")
+		chain = append(p.Chain(), r.Delta)
+		if _, err := CompactChain(t.Context(), r.Base, chain, full); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(full); !bytes.Equal(got, readRAM(t, m)) {
+			t.Errorf("fork %d: the chain compacted is not what the mapping child sees", k)
+		}
+		return p
+	}
+	h.ask("set 40 41")
+	if p := fork(1); p.Precopied != 21*pageSize {
+		t.Errorf("fork 1 copied %d bytes before the pause, want its 21 own pages (20 mapped)", p.Precopied)
+	}
+	h.ask("set 12 42") // a mapped page
+	h.ask("set 50 43")
+	if p := fork(2); !p.Tracked() || len(p.Chain()) != 1 {
+		t.Errorf("fork 2: tracked %v, chain %v; want a tracked delta after fork 1's", p.Tracked(), p.Chain())
+	}
+	if b, _ := os.ReadFile(d); b[12*pageSize] != 5 {
+		t.Errorf("the child's write reached its template's delta: page 12 = %d", b[12*pageSize])
+	}
+}
