@@ -28,13 +28,20 @@
 # child's "delta applied" figures: the chain's bytes, those mapped from the
 # delta files (in how many runs) and copied (sharedmem/overlay.go).
 # STOP_KEPT=1 stops each kept child's QEMU (SIGSTOP) after its fork and
-# lets them go on before the control fork: the forks then run without the
-# kept guests' TCG load (20 idle guests at 0.3-0.5 CPU each on 2 cores).
+# lets them go on after the control fork: the forks (and the control) then
+# run without the kept guests' TCG load (20 idle guests at 0.3-0.5 CPU each
+# on 2 cores; on KVM an idle guest costs next to nothing).
+#
+# ROTATE=K keeps only the last K files written between forks (the older
+# ones removed in the guest): the source changes WRITE MiB between forks
+# but its data stays at about USE + K x WRITE MiB, so that a 4 GiB guest
+# holding 3 GiB can be forked 20 times (the issue's figures; without it the
+# guest's tmpfs must hold USE + N x WRITE).
 #
 #   N=20 MEM=2G USE=1536 WRITE=25 BURST=16 scripts/delta-forks.sh bin/vmfork
 set -euo pipefail
 G=${VMFORK_GUEST:-/var/cache/vmfork/guest}
-N=${N:-5} MEM=${MEM:-1G} USE=${USE:-512} WRITE=${WRITE:-8} BURST=${BURST:-0} STOP_KEPT=${STOP_KEPT:-0}
+N=${N:-5} MEM=${MEM:-1G} USE=${USE:-512} WRITE=${WRITE:-8} BURST=${BURST:-0} STOP_KEPT=${STOP_KEPT:-0} ROTATE=${ROTATE:-0}
 stopped=()
 err=$(mktemp)
 trap 'rm -f "$err"; [ ${#stopped[@]} -eq 0 ] || kill -CONT "${stopped[@]}" 2>/dev/null || true' EXIT
@@ -88,6 +95,9 @@ for bin in "$@"; do
   write data "$USE"
   for f in $(seq "$N"); do
     [ "$f" -gt 1 ] && write "w$f" "$WRITE"
+    if [ "$ROTATE" -gt 0 ] && [ "$f" -gt $((ROTATE + 1)) ]; then
+      "${V[@]}" exec "$src" -- rm -f "/fill/w$((f - ROTATE))" >&2
+    fi
     t0=$(date +%s%N)
     if ! out=$("${V[@]}" --log-level debug fork "$src" "$src-c$f" --json 2>"$err"); then
       tail -3 "$err" >&2
@@ -126,10 +136,6 @@ print("%s templates=%d full=%d used_MiB=%.0f deltas_MiB=%.0f memdir_MiB=%.0f rat
     # The cost of compacting the deepest chain into a full file.
     "${V[@]}" template compact "$tpl" --json | python3 -c 'import json, sys; r = json.load(sys.stdin); print("compact depth=%d written_MiB=%.0f ms=%.0f" % (r["chain_depth"], r["written_bytes"] / 2**20, r["elapsed_ms"]))'
   fi
-  if [ ${#stopped[@]} -gt 0 ]; then
-    kill -CONT "${stopped[@]}"
-    stopped=()
-  fi
   if [ "$N" -gt 1 ]; then
     # The control: a child of a full file (--no-delta), forked now, under
     # the same load (the N children kept) as the N-th fork's child.
@@ -139,6 +145,10 @@ print("%s templates=%d full=%d used_MiB=%.0f deltas_MiB=%.0f memdir_MiB=%.0f rat
     whole=$(ms "$t0")
     printf '%s' "$out" | python3 -c 'import json, sys; r = json.load(sys.stdin); print("control (full file) whole_ms=%s pause_ms=%.1f ready_ms=%.0f" % (sys.argv[1], r["pause_ms"], r["children"][0]["ready_ms"]))' "$whole"
     "${V[@]}" rm "$src-full" >/dev/null 2>&1
+  fi
+  if [ ${#stopped[@]} -gt 0 ]; then
+    kill -CONT "${stopped[@]}"
+    stopped=()
   fi
   for f in $(seq "$N"); do "${V[@]}" rm "$src-c$f" >/dev/null 2>&1; done
   if [ "$BURST" -gt 0 ]; then
