@@ -1,6 +1,6 @@
 package vmfork
 
-// Delta templates (issue 27; sharedmem/delta.go, docs/FLATPAUSE.md). A
+// Delta templates (issue 27; sharedmem/delta.go, docs/DELTAS.md). A
 // fork of a source that already maps a frozen file privately records its
 // RAM as that file (the base, under a second name of the template's own)
 // plus a sparse file of the source's private pages at the instant. Only the

@@ -3,7 +3,7 @@
 package libvirtdrv
 
 // Delta templates on the libvirt driver (issue 27; sharedmem/delta.go,
-// vmfork delta.go, docs/FLATPAUSE.md). Nothing in a delta needs libvirt's
+// vmfork delta.go, docs/DELTAS.md). Nothing in a delta needs libvirt's
 // help, so the driver does what the embedded one does, through the same
 // sharedmem calls:
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Forks 1..N of one source with every child kept (docs/FLATPAUSE.md, "Delta
+# Forks 1..N of one source with every child kept (docs/DELTAS.md, "Delta
 # templates" and "Delta chains"; issue 27), for each vmfork binary given
 # (this build, and an older one to compare). The source (MEM, default 1G)
 # holds USE MiB (default 512) of non-zero data in a guest tmpfs and writes

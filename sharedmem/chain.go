@@ -35,7 +35,7 @@ import (
 	"strconv"
 )
 
-// maxDeltaDepth is the longest chain a freeze makes (docs/FLATPAUSE.md,
+// maxDeltaDepth is the longest chain a freeze makes (docs/DELTAS.md,
 // "Delta chains": at 16, 20 forks of 50 MiB each on a 3 GiB base hold 1.2x
 // the base plus the deltas, against 1.3x at 8; a child of the deepest
 // writes the 16 files, each page once unless rewritten between forks).

@@ -48,7 +48,7 @@ import (
 // (what each child of it holds alone, and writes before it runs) times
 // max(maxDeltaShare, its children) are at most the base file's data; above
 // it, a full file (copied while the source runs, which then starts its
-// deltas again) costs less. Measured (docs/FLATPAUSE.md, "Delta chains"):
+// deltas again) costs less. Measured (docs/DELTAS.md, "Delta chains"):
 // a child writes the delta at 1.3-1.7 GB/s, the copy before the pause
 // reads 2.3 GB/s, so a single child's whole fork is shorter with the delta
 // while it is under ~0.6 of the base; in memory, N children hold N times
@@ -207,7 +207,7 @@ func (p *Plan) prepareDelta(ctx context.Context) (bool, error) {
 
 // precopy brings the delta file up to the source's present while it runs,
 // its writes tracked from that moment on, so that the pause writes only
-// the pages written after it (measured on libvirt, docs/FLATPAUSE.md:
+// the pages written after it (measured on libvirt, docs/DELTAS.md:
 // without it a pause wrote 4.9 MB, what a depth chain's level wrote since
 // its last fork, or, with no last delta left, 8-9.5 MB, all a child wrote
 // since its start, against 2.3 MB for a depth-1 fork written in place):
@@ -461,7 +461,7 @@ func (p *Plan) writeWritten(ctx context.Context, written []pageRun) (int64, erro
 // the child's pages, up to 1024 extents a call, with no code in QEMU and no
 // stream. (The other ways: a RAM stream would need the migration's RAM
 // section, which x-ignore-shared leaves out for a share=on block; /proc/PID/mem
-// costs a seek and a write per extent.) Measured in docs/FLATPAUSE.md.
+// costs a seek and a write per extent.) Measured in docs/DELTAS.md.
 func ApplyDelta(ctx context.Context, m Mapping, delta string) (st ApplyStats, err error) {
 	start := time.Now()
 	f, err := os.Open(delta)

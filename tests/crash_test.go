@@ -119,7 +119,7 @@ func TestCrashMatrix(t *testing.T) {
 				}
 			}},
 		// A fork while an earlier child keeps the source's frozen file:
-		// a delta template (docs/FLATPAUSE.md), killed in its pause and
+		// a delta template (docs/DELTAS.md), killed in its pause and
 		// after its freeze.
 		{name: "fork-paused-delta", fault: vmfork.FaultFreezePaused, prep: forkDelta},
 		{name: "fork-frozen-delta", fault: vmfork.FaultForkFrozen, prep: forkDelta},
@@ -417,7 +417,7 @@ func (r *rig) checkLeftovers(label string) {
 		}
 		r.t.Errorf("%s: RAM file %s has no machine or template", label, f)
 	}
-	// A delta's files (docs/FLATPAUSE.md, "Delta templates") belong to a
+	// A delta's files (docs/DELTAS.md, "Delta templates") belong to a
 	// template that holds memory: a freeze killed before its record said
 	// so leaves none (the base's name would hold a whole RAM file).
 	withMemory := map[string]bool{}
