@@ -117,8 +117,9 @@ type Pooler interface {
 // InPlaceStarter is the optional driver capability to start a new process
 // for a machine that keeps its name and files (rewind, resume), where
 // StartChild starts a machine new to the driver. The embedded driver can:
-// a machine is its directory and its process. The libvirt driver cannot:
-// a child is a new domain, and a domain of that name exists already.
+// a machine is its directory and its process. So can the libvirt driver:
+// its domains are transient, so once the old QEMU has ended the name is
+// free for a new child domain.
 type InPlaceStarter interface {
 	// StartInPlace starts machine m's new process from template t, as
 	// StartChild does (m's old process is gone; its record names its

@@ -130,6 +130,18 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	return nil
 }
 
+var _ vmfork.InPlaceStarter = (*Driver)(nil)
+
+// StartInPlace implements vmfork.InPlaceStarter (rewind, resume). Every
+// domain this driver makes is transient: once the machine's QEMU has ended
+// (a rewind stops it first; a hibernate ended it) libvirt has forgotten the
+// domain and its name is free, so the new process is a child domain of t
+// under the machine's own name, with the record's files, MAC and ports.
+// checkNameFree refuses it while a domain of that name still runs.
+func (d *Driver) StartInPlace(ctx context.Context, m *vmfork.Machine, t *vmfork.Template) error {
+	return d.StartChild(ctx, m, t)
+}
+
 // reachForChild lets the child's QEMU open its overlay when it runs as
 // another user than vmfork (an adopted domain's child, as libvirt's own
 // user): Freeze gave the template RAM file to the user the source's QEMU ran

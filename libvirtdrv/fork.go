@@ -28,7 +28,8 @@ const (
 	devStateFD = "vmfork-devstate"
 	// FileSourceXML is the driver's file in a template's directory: the
 	// source's migratable domain XML at the freeze, which children copy.
-	FileSourceXML = "libvirt-domain.xml"
+	// Archives and pushes carry it (vmfork.FileDomainXML).
+	FileSourceXML = vmfork.FileDomainXML
 )
 
 // Freeze implements vmfork.Forker with libvirt's suspend and resume (so its
@@ -82,7 +83,7 @@ func (d *Driver) Freeze(ctx context.Context, src *vmfork.Machine, t *vmfork.Temp
 			return grantRAM(t.Paths.RAM, prep.owner)
 		},
 		Paused: func() { vmfork.Fault(vmfork.FaultFreezePaused, src.PID) },
-		// The Manager refuses hibernate on libvirt today; honoured anyway.
+		// Hibernate's: the domain stays paused until it is destroyed.
 		LeavePaused: opts.LeavePaused,
 	}
 	release, err := prepareDevState(ctx, mon, t, ram, &recipe)
