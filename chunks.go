@@ -115,7 +115,7 @@ func (m *chunkManifest) validate() error {
 	seen := map[string]bool{}
 	for _, f := range m.Files {
 		switch f.Name {
-		case archRAM, archDevState, archDisk, archKernel, archInitrd:
+		case archRAM, archDevState, archDisk, archKernel, archInitrd, archDomainXML:
 		default:
 			if !m.Template.hasDiskFile(f.Name) {
 				return fmt.Errorf("chunk manifest: unknown file %q: %w", f.Name, ErrInvalid)

@@ -50,7 +50,16 @@ const (
 	archDisk     = "disk.qcow2"
 	archKernel   = "kernel"
 	archInitrd   = "initrd"
+	// archDomainXML is FileDomainXML: a libvirt template's children are
+	// made from it, so it travels with the template.
+	archDomainXML = FileDomainXML
 )
+
+// FileDomainXML is the libvirt driver's file in a template's directory: the
+// source's migratable domain XML at the freeze, which children copy
+// (libvirtdrv.FileSourceXML). Archives and pushes carry it, and an import
+// points its kernel and initrd at the imported files, as the record's.
+const FileDomainXML = "libvirt-domain.xml"
 
 type archiveHeader struct {
 	Format   int           `json:"format"`
@@ -278,6 +287,14 @@ func openFiles(ctx context.Context, t *Template, tmpDir string, flatten func(ctx
 		}
 		if err := add(name, flat); err != nil {
 			return files, err
+		}
+	}
+	if t.HasMemory {
+		// Without it a libvirt template's import could not start a child.
+		if xml := filepath.Join(t.Paths.Dir, FileDomainXML); fileExists(xml) {
+			if err := add(archDomainXML, xml); err != nil {
+				return files, err
+			}
 		}
 	}
 	if t.Spec.Kernel != "" {

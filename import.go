@@ -3,10 +3,12 @@ package vmfork
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"hash"
@@ -156,7 +158,7 @@ func readArchiveHeader(tr *tar.Reader) (*archiveHeader, error) {
 	seen := map[string]bool{}
 	for _, f := range hdr.Files {
 		switch f.Name {
-		case archRAM, archDevState, archDisk, archKernel, archInitrd:
+		case archRAM, archDevState, archDisk, archKernel, archInitrd, archDomainXML:
 		default:
 			if hdr.Template.hasDiskFile(f.Name) {
 				break
@@ -367,15 +369,31 @@ func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template
 	// The kernel and initrd travel with the template; the device list names
 	// them by path, so it follows.
 	rec.Manifest.Devices = append([]string(nil), t.Manifest.Devices...)
+	var domainXML []byte // the libvirt driver's, its paths rewritten as the record's
+	if st.files[archDomainXML] {
+		if domainXML, err = os.ReadFile(filepath.Join(rec.Paths.Dir, archDomainXML)); err != nil {
+			return nil, err
+		}
+	}
 	rewrite := func(flag, old, file string) {
 		if old == "" || !st.files[file] {
 			return
 		}
 		p := filepath.Join(rec.Paths.Dir, file)
+		// The embedded driver's device line is "-kernel PATH"; the
+		// libvirt driver's "kernel PATH initrd PATH cmdline ...", and its
+		// domain XML names each in an element of its own.
+		word := strings.TrimPrefix(flag, "-")
 		for i, d := range rec.Manifest.Devices {
-			if d == flag+" "+old {
+			switch {
+			case d == flag+" "+old:
 				rec.Manifest.Devices[i] = flag + " " + p
+			case strings.HasPrefix(d, "kernel "):
+				rec.Manifest.Devices[i] = strings.Replace(d, word+" "+old+" ", word+" "+p+" ", 1)
 			}
+		}
+		if domainXML != nil {
+			domainXML = bytes.ReplaceAll(domainXML, []byte("<"+word+">"+xmlText(old)+"</"+word+">"), []byte("<"+word+">"+xmlText(p)+"</"+word+">"))
 		}
 		if flag == "-kernel" {
 			rec.Spec.Kernel = p
@@ -385,6 +403,11 @@ func (s *Store) installImport(t *Template, name string, st *staged) (_ *Template
 	}
 	rewrite("-kernel", t.Spec.Kernel, archKernel)
 	rewrite("-initrd", t.Spec.Initrd, archInitrd)
+	if domainXML != nil {
+		if err := os.WriteFile(filepath.Join(rec.Paths.Dir, archDomainXML), domainXML, 0o600); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.WriteTemplate(&rec); err != nil {
 		return nil, err
 	}
@@ -439,4 +462,17 @@ func (mg *Manager) lockFreeName(ctx context.Context, name string) (func(), error
 		return nil, fmt.Errorf("template %s is kept as %q: %w", k.ID, name, ErrExists)
 	}
 	return unlock, nil
+}
+
+// xmlText is s escaped as XML character data.
+func xmlText(s string) string {
+	var b strings.Builder
+	xml.EscapeText(&b, []byte(s))
+	return b.String()
+}
+
+// fileExists reports whether path names something.
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
