@@ -57,6 +57,7 @@ var expectedSeconds = map[string]int{
 	"TestDeltaForks":                     45,
 	"TestLibvirtFlatPause":               70,
 	"TestLibvirtDeltaForks":              100, // 31.6 s alone, 105 s in a make test slot (CI 2026-12-02)
+	"TestLibvirtDeltaLifecycle":          90,  // 39 s alone: a boot, 4 forks, rewind, hibernate and resume, export and import
 	"TestContractLibvirtNetwork":         70,
 	"TestContractUserNetwork":            65,
 	"TestCheckpointRewind":               60,
