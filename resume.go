@@ -161,6 +161,10 @@ func (mg *Manager) hibernatedMachine(ctx context.Context, verb, name string) (*M
 	if m.State != StateHibernated {
 		return nil, nil, fmt.Errorf("%s %q: machine is %s, not hibernated: %w", verb, name, m.State, ErrInvalid)
 	}
+	if m.Driver != mg.Driver.Name() {
+		// Both drivers hibernate: a machine comes back on its own.
+		return nil, nil, fmt.Errorf("%s %q: machine belongs to driver %q: %w", verb, name, m.Driver, ErrInvalid)
+	}
 	t, err := mg.Store.LoadTemplate(m.Hibernated)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s %q: %w", verb, name, err)

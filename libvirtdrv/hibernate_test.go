@@ -3,6 +3,7 @@ package libvirtdrv
 import (
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vmfork/vmfork"
@@ -28,6 +29,18 @@ func TestInPlaceVerbs(t *testing.T) {
 		if errors.Is(err, vmfork.ErrUnsupported) || !errors.Is(err, vmfork.ErrNotFound) {
 			t.Errorf("%s of a machine that does not exist: %v, want not found", verb, err)
 		}
+	}
+	// The embedded driver's hibernated machine comes back on its own
+	// driver: one line saying so, before anything is read back.
+	if err := os.MkdirAll(store.MachinePaths("emb").Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SaveMachine(&vmfork.Machine{Name: "emb", Driver: "qemu", State: vmfork.StateHibernated, Hibernated: "emb.1", Paths: store.MachinePaths("emb")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = mg.Resume(t.Context(), vmfork.ResumeRequest{Machine: "emb"})
+	if want := `resume "emb": machine belongs to driver "qemu"`; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("resume of the embedded driver's machine: %v, want one line saying %q", err, want)
 	}
 	if es, _ := os.ReadDir(store.StateDir + "/journal"); len(es) != 0 {
 		t.Errorf("a hibernate, resume or rewind of nothing journaled %d entries", len(es))

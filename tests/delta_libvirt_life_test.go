@@ -85,6 +85,9 @@ func TestLibvirtDeltaLifecycle(t *testing.T) {
 	if r := d.cli("hibernate", d2); r.code == 0 || !strings.Contains(r.stderr, "hibernated already") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
 		t.Errorf("hibernate of hibernated %s: %s, want one line saying it is hibernated already", d2, r)
 	}
+	if r := d.vmfork("resume", d2); r.code == 0 || !strings.Contains(r.stderr, `belongs to driver "libvirt"`) {
+		t.Errorf("resume of %s without --connect: %s, want it refused naming the libvirt driver", d2, r)
+	}
 	d.cliOK("resume", d2)
 	if after := d.count(d2); after < before {
 		t.Errorf("%s: counter %d after resume, was %d before hibernate: not the instant it left", d2, after, before)
