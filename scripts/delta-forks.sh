@@ -105,7 +105,7 @@ for bin in "$@"; do
     fi
     whole=$(ms "$t0")
     read -r pause ready tpl cpid < <(printf '%s' "$out" | python3 -c 'import json, sys; r = json.load(sys.stdin); print(r["pause_ms"], r["children"][0].get("ready_ms", 0), r["template"], r["children"][0]["pid"])')
-    log=$(grep 'msg=frozen\|msg="delta applied"' "$err" | grep -o 'ram_mode=[a-z]*\|chain=[0-9]*\|precopied_bytes=[0-9]*\|paused_copy_bytes=[0-9]*\|delta_ms=[0-9.]*\|delta_depth=[0-9]*\|delta_bytes=[0-9]*\|delta_mapped_bytes=[0-9]*\|delta_mapped_runs=[0-9]*\|delta_copied_bytes=[0-9]*' | tr '\n' ' ' || true)
+    log=$(grep 'msg=frozen\|msg="delta applied"' "$err" | grep -o 'ram_mode=[a-z]*\|[a-z]*_ms=[0-9.]*\|chain=[0-9]*\|precopied_bytes=[0-9]*\|paused_copy_bytes=[0-9]*\|delta_ms=[0-9.]*\|delta_depth=[0-9]*\|delta_bytes=[0-9]*\|delta_mapped_bytes=[0-9]*\|delta_mapped_runs=[0-9]*\|delta_copied_bytes=[0-9]*' | tr '\n' ' ' || true)
     held=$(du -s -B1 "$mem" | cut -f1)
     kind=$("${V[@]}" template ls --json | python3 -c 'import json, sys
 for t in json.load(sys.stdin):

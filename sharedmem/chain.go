@@ -32,6 +32,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 )
 
@@ -98,17 +99,18 @@ func fileRuns(ctx context.Context, path string, off, size int64) ([]pageRun, err
 // written since the last delta's instant that are private, and those the
 // chain holds that are private no more.
 func (p *Plan) writeChained(ctx context.Context) (int64, error) {
-	private, err := privateRuns(ctx, p.m)
+	written, err := writtenRuns(p.m)
 	if err != nil {
 		return 0, err
 	}
-	written, err := writtenRuns(p.m)
+	held := p.chainHeld.runs()
+	private, err := privateRunsIn(ctx, p.m, append(slices.Clone(written), held...))
 	if err != nil {
 		return 0, err
 	}
 	ps := newPageSet(p.m.Size()/pageSize, private)
 	changed, _ := ps.split(written)
-	_, gone := ps.split(p.chainHeld.runs())
+	_, gone := ps.split(held)
 	runs := append(changed, gone...)
 	if len(runs) == 0 {
 		return 0, nil
@@ -121,7 +123,7 @@ func (p *Plan) writeChained(ctx context.Context) (int64, error) {
 // delta, and counts them as held: one discarded before the pause is then
 // written with the base's bytes, as a chain file's page is (writeChained).
 func (p *Plan) copyChained(ctx context.Context, written []pageRun) (int64, error) {
-	private, err := privateRuns(ctx, p.m)
+	private, err := privateRunsIn(ctx, p.m, written)
 	if err != nil {
 		return 0, err
 	}

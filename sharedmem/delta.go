@@ -38,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -422,11 +423,11 @@ func (p *Plan) writeTracked(ctx context.Context) (int64, error) {
 // pages as of the instant its writes were last protected, hold them as of
 // now, given the pages written since.
 func (p *Plan) writeWritten(ctx context.Context, written []pageRun) (int64, error) {
-	private, err := privateRuns(ctx, p.m)
+	held, err := dataRuns(ctx, p.delta, p.m.Offset, p.m.Size())
 	if err != nil {
 		return 0, err
 	}
-	held, err := dataRuns(ctx, p.delta, p.m.Offset, p.m.Size())
+	private, err := privateRunsIn(ctx, p.m, append(slices.Clone(written), held...))
 	if err != nil {
 		return 0, err
 	}

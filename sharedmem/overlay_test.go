@@ -296,6 +296,17 @@ func TestApplyChainMapped(t *testing.T) {
 	if !reflect.DeepEqual(runs, wantRuns) {
 		t.Errorf("privateRuns = %v, want %v", runs, wantRuns)
 	}
+	// The same, asked within some runs only (a delta's pause): overlays
+	// and written pages cut at the runs' edges, overlapping runs once.
+	within := []pageRun{{10, 25}, {54, 3}, {20, 5}, {62, 1}, {58, 100}}
+	in, err := privateRunsIn(t.Context(), m, within)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIn := []pageRun{{10, 10}, {30, 5}, {55, 1}, {60, 1}}
+	if !reflect.DeepEqual(unionRuns(in), wantIn) {
+		t.Errorf("privateRunsIn(%v) = %v, want %v", within, in, wantIn)
+	}
 	// A freeze of the child (Diff's copy of its base, then its own pages
 	// written in): exactly what it sees.
 	cp := filepath.Join(dir, "copy.ram")

@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"unsafe"
 
@@ -291,6 +292,49 @@ func privateRuns(ctx context.Context, m Mapping) ([]pageRun, error) {
 	collect := func(first, n int64) error { runs = append(runs, pageRun{first, n}); return nil }
 	err = scanOwn(ctx, pm, m, collect)
 	return runs, err
+}
+
+// privateRunsIn is privateRuns for the pages of within alone. What a
+// delta's pause asks is which of the pages written since the last delta,
+// and of the pages its chain or file holds, are private: a walk of those
+// runs costs what they hold, where one of the whole mapping cost 30-45 ms
+// at 4 GiB with the writes tracked (every page never written carries a
+// write-protect marker, whose entry scanPrivate reads from the page map:
+// notMarkers).
+func privateRunsIn(ctx context.Context, m Mapping, within []pageRun) ([]pageRun, error) {
+	pm, err := os.Open("/proc/" + strconv.Itoa(m.PID) + "/pagemap")
+	if err != nil {
+		return nil, err
+	}
+	defer pm.Close()
+	pages := m.Size() / pageSize
+	var runs []pageRun
+	for _, r := range unionRuns(slices.Clone(within)) {
+		if r.first >= pages {
+			break
+		}
+		r.n = min(r.n, pages-r.first)
+		sub := m
+		sub.Start = m.Start + uintptr(r.first*pageSize)
+		sub.End = sub.Start + uintptr(r.n*pageSize)
+		sub.Offset = m.Offset + r.first*pageSize
+		sub.Overlays = nil
+		for _, o := range m.Overlays {
+			lo, hi := max(o.First, r.first), min(o.First+o.Pages, r.first+r.n)
+			if lo < hi {
+				o.First, o.Pages = lo-r.first, hi-lo
+				sub.Overlays = append(sub.Overlays, o)
+			}
+		}
+		err := scanOwn(ctx, pm, sub, func(first, n int64) error {
+			runs = append(runs, pageRun{r.first + first, n})
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return runs, nil
 }
 
 // pageSet is a bitmap of a mapping's pages.
