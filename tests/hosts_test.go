@@ -39,6 +39,20 @@ type rigHost struct {
 	// sshEnv is more NAME=VALUE for its sshd's SetEnv (newHostRig's
 	// hostEnv), e.g. VMFORK_OVERCOMMIT to give the hosts unequal room.
 	sshEnv string
+	// enter, when set, runs a command in the host's namespaces instead of
+	// ip netns exec: a host with a libvirtd of its own
+	// (hosts_libvirt_test.go) has a mount namespace too.
+	enter []string
+	// libvirt is its own libvirtd's, nil for a host without one.
+	libvirt *rigLibvirtd
+}
+
+// hostRigOptions change what newHostRigWith makes; the zero value is
+// newHostRig's rig.
+type hostRigOptions struct {
+	// libvirtB gives host b a libvirtd of its own (hosts_libvirt_test.go);
+	// host a uses this machine's.
+	libvirtB bool
 }
 
 // hostRig is two hosts and what their sessions need.
@@ -56,6 +70,12 @@ type hostRig struct {
 // gone (t.Cleanup runs last-in first-out). hostEnv[i], when given, is
 // more NAME=VALUE (space-separated) for host i's sessions.
 func newHostRig(t testing.TB, hostEnv ...string) *hostRig {
+	t.Helper()
+	return newHostRigWith(t, hostRigOptions{}, hostEnv...)
+}
+
+// newHostRigWith is newHostRig with options.
+func newHostRigWith(t testing.TB, opts hostRigOptions, hostEnv ...string) *hostRig {
 	t.Helper()
 	sum := sha256.Sum256([]byte(t.Name() + t.TempDir()))
 	id := hex.EncodeToString(sum[:3])
@@ -132,8 +152,14 @@ func newHostRig(t testing.TB, hostEnv ...string) *hostRig {
 		if i < len(hostEnv) {
 			h.sshEnv = hostEnv[i]
 		}
+		h.enter = []string{"ip", "netns", "exec", h.ns}
+		if opts.libvirtB && i == 1 {
+			// Before the env: its cleanup (the QEMUs, the dirs) runs
+			// first, the daemon's after.
+			r.startLibvirtd(h)
+		}
 		h.env = newEnv(t)
-		h.env.runAs = []string{"ip", "netns", "exec", h.ns}
+		h.env.runAs = h.enter
 		r.startSSHD(h)
 	}
 	return r
@@ -166,8 +192,8 @@ SetEnv VMFORK_STATE_DIR=%s VMFORK_MEM_DIR=%s %s
 	if err != nil {
 		t.Fatal(err)
 	}
-	// ip netns exec execs sshd: the PID is sshd's.
-	cmd := exec.Command("ip", "netns", "exec", h.ns, "/usr/sbin/sshd", "-D", "-e", "-f", conf)
+	// ip netns exec and nsenter exec sshd: the PID is sshd's.
+	cmd := exec.Command(h.enter[0], append(h.enter[1:], "/usr/sbin/sshd", "-D", "-e", "-f", conf)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -185,7 +211,7 @@ SetEnv VMFORK_STATE_DIR=%s VMFORK_MEM_DIR=%s %s
 	// Ready when a session from the host itself runs.
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		out, err := exec.Command("ip", "netns", "exec", h.ns, "ssh", "-F", r.sshCF, "-o", "BatchMode=yes", h.addr, "true").CombinedOutput()
+		out, err := exec.Command(h.enter[0], append(h.enter[1:], "ssh", "-F", r.sshCF, "-o", "BatchMode=yes", h.addr, "true")...).CombinedOutput()
 		if err == nil {
 			return
 		}
