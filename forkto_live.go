@@ -55,7 +55,7 @@ const (
 )
 
 // LiveForker is the optional driver capability behind fork --to's live
-// path (embedded driver only).
+// path (qemudrv/live.go, libvirtdrv/live.go).
 type LiveForker interface {
 	// LoadTemplate starts, in dir (which it removes on Close), a QEMU
 	// loaded from template t as a child would be, left paused. On error
@@ -70,6 +70,15 @@ type LiveForker interface {
 	// IncomingStatus is m's incoming migration's state (QEMU's
 	// MigrationStatus), "" when m's QEMU is gone.
 	IncomingStatus(ctx context.Context, m *Machine) (string, error)
+}
+
+// LiveTemplateFiles is an optional capability of a LiveForker whose
+// children need files of the template's directory that the live path's
+// push does not carry (its disk layers, kernel and initrd only): the
+// libvirt driver's source domain XML. They travel in the pushed template's
+// record (Template.DriverFiles).
+type LiveTemplateFiles interface {
+	LiveTemplateFiles(t *Template) (map[string]string, error)
 }
 
 // LoadedTemplate is LiveForker.LoadTemplate's QEMU.
@@ -193,6 +202,11 @@ func (mg *Manager) pushDisks(ctx context.Context, req TransferRequest, local str
 	disks := *t
 	disks.HasMemory, disks.RAMDelta = false, nil
 	disks.Paths.RAM, disks.Paths.DevState = "", ""
+	if lf, ok := mg.Driver.(LiveTemplateFiles); ok {
+		if disks.DriverFiles, err = lf.LiveTemplateFiles(t); err != nil {
+			return fail(err)
+		}
+	}
 	unlockStore, err := mg.Store.chunkStore().lock(false)
 	if err != nil {
 		return fail(err)

@@ -27,7 +27,14 @@ import (
 // x-ignore-shared, the device state through a passed fd, the NIC link down
 // (the child wakes with its source's addresses) and resume, never before the
 // load has completed.
-func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfork.Template) (err error) {
+func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfork.Template) error {
+	return d.startChild(ctx, child, t, false)
+}
+
+// startChild is StartChild; loaded leaves the domain paused once its device
+// state is in, records nothing and names no reaper in its metadata (fork
+// --to's loaded template, live.go).
+func (d *Driver) startChild(ctx context.Context, child *vmfork.Machine, t *vmfork.Template, loaded bool) (err error) {
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
@@ -50,6 +57,9 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	md := d.metadata(child, t)
 	if remap {
 		md.MappedRAM, md.TemplateRAM = t.MappedRAM(), ""
+	}
+	if loaded {
+		md.URI = "" // no machine of the store: nothing to reap
 	}
 	def, err := ChildXML(string(srcXML), child, md)
 	if err != nil {
@@ -85,7 +95,13 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if err := child.PrepareLedgerSocket(); err != nil {
 		return err
 	}
-	dom, err := d.conn.DomainCreateXML(x, libvirt.DOMAIN_START_PAUSED)
+	flags := libvirt.DOMAIN_START_PAUSED
+	if loaded {
+		// libvirtd destroys it when this connection closes: it dies with
+		// vmfork, as qemudrv's loaded QEMU does (PR_SET_PDEATHSIG).
+		flags |= libvirt.DOMAIN_START_AUTODESTROY
+	}
+	dom, err := d.conn.DomainCreateXML(x, flags)
 	if err != nil {
 		return fmt.Errorf("create domain %q: %w", child.Name, wrap(err))
 	}
@@ -120,6 +136,9 @@ func (d *Driver) StartChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	}
 	if err := d.setLink(ctx, dom, false); err != nil {
 		return fmt.Errorf("set link down: %w", err)
+	}
+	if loaded {
+		return nil
 	}
 	if err := d.started(ctx, dom, child); err != nil {
 		return err

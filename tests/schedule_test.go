@@ -37,6 +37,7 @@ func testSlots() int {
 // a stale one costs minutes of tail, never a failure.
 var expectedSeconds = map[string]int{
 	"TestForkTo":                         55,
+	"TestLibvirtForkTo":                  90,
 	"TestStopKeepsChildWrites":           45,
 	"TestIdentityDebian/ifupdown-dbus":   140,
 	"TestIdentityDebian/ifupdown-nodbus": 140,
