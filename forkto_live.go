@@ -72,15 +72,6 @@ type LiveForker interface {
 	IncomingStatus(ctx context.Context, m *Machine) (string, error)
 }
 
-// LiveTemplateFiles is an optional capability of a LiveForker whose
-// children need files of the template's directory that the live path's
-// push does not carry (its disk layers, kernel and initrd only): the
-// libvirt driver's source domain XML. They travel in the pushed template's
-// record (Template.DriverFiles).
-type LiveTemplateFiles interface {
-	LiveTemplateFiles(t *Template) (map[string]string, error)
-}
-
 // LoadedTemplate is LiveForker.LoadTemplate's QEMU.
 type LoadedTemplate interface {
 	// Migrate migrates it with postcopy to the QEMU listening at sock,
@@ -202,11 +193,6 @@ func (mg *Manager) pushDisks(ctx context.Context, req TransferRequest, local str
 	disks := *t
 	disks.HasMemory, disks.RAMDelta = false, nil
 	disks.Paths.RAM, disks.Paths.DevState = "", ""
-	if lf, ok := mg.Driver.(LiveTemplateFiles); ok {
-		if disks.DriverFiles, err = lf.LiveTemplateFiles(t); err != nil {
-			return fail(err)
-		}
-	}
 	unlockStore, err := mg.Store.chunkStore().lock(false)
 	if err != nil {
 		return fail(err)

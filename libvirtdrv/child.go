@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -38,9 +37,9 @@ func (d *Driver) startChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
-	srcXML, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
+	srcXML, err := templateSourceXML(t)
 	if err != nil {
-		return fmt.Errorf("template %q: %w", t.ID, err)
+		return err
 	}
 	if err := vmfork.PickPorts(child.Spec.Ports); err != nil {
 		return err
@@ -61,7 +60,7 @@ func (d *Driver) startChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if loaded {
 		md.URI = "" // no machine of the store: nothing to reap
 	}
-	def, err := ChildXML(string(srcXML), child, md)
+	def, err := ChildXML(srcXML, child, md)
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -45,16 +46,14 @@ import (
 // qemudrv/live.go, and the stream's socket is passed to each QEMU as a file
 // descriptor (getfd, as for the device-state load): libvirt's QEMU, which
 // runs without CAP_DAC_OVERRIDE, need not reach vmfork's sockets. libvirt
-// sees MIGRATION events without a migration job of its own and ignores
-// them (the domains are tainted custom-monitor, as every vmfork child
-// already is); the loaded domain ends paused (post-migrate) and is
-// destroyed, the child runs once resumed through libvirt, so libvirt's
-// view of it is a running domain like any other child.
+// neither refuses nor undoes a migration it did not start: the loaded
+// domain is destroyed as usual after it (its log: "shutting down,
+// reason=destroyed"), and the child, resumed through virDomainResume, is
+// a running domain of that host's libvirtd (TestLibvirtForkTo checks
+// `virsh domstate --reason`); both are tainted custom-monitor (and
+// custom-argv for -incoming defer), as every vmfork child already is.
 
-var (
-	_ vmfork.LiveForker        = (*Driver)(nil)
-	_ vmfork.LiveTemplateFiles = (*Driver)(nil)
-)
+var _ vmfork.LiveForker = (*Driver)(nil)
 
 const (
 	capPostcopy             = "postcopy-ram"
@@ -64,27 +63,18 @@ const (
 	livePoll                = 5 * time.Millisecond
 )
 
-// LiveTemplateFiles implements vmfork.LiveTemplateFiles: the source's
-// domain XML, which the child's domain on the other host is made from.
-func (d *Driver) LiveTemplateFiles(t *vmfork.Template) (map[string]string, error) {
-	x, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
-	if err != nil {
-		return nil, fmt.Errorf("template %s: %w", t.ID, err)
-	}
-	return map[string]string{FileSourceXML: string(x)}, nil
-}
-
-// templateSourceXML is t's source domain XML: its file, or for a template pushed
-// without it (the live path's) what LiveTemplateFiles carried.
+// templateSourceXML is t's source domain XML: from its record
+// (Template.DriverFiles, which travels with it to another host), else from
+// its file (a template frozen before the record held it).
 func templateSourceXML(t *vmfork.Template) (string, error) {
-	x, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
-	if err == nil {
-		return string(x), nil
-	}
-	if s, ok := t.DriverFiles[FileSourceXML]; ok && errors.Is(err, os.ErrNotExist) {
+	if s, ok := t.DriverFiles[FileSourceXML]; ok {
 		return s, nil
 	}
-	return "", fmt.Errorf("template %q: %w", t.ID, err)
+	x, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
+	if err != nil {
+		return "", fmt.Errorf("template %q: %w", t.ID, err)
+	}
+	return string(x), nil
 }
 
 func setLiveCaps(ctx context.Context, mon monitor, caps ...qemustate.Capability) error {
@@ -316,17 +306,20 @@ func (d *Driver) StartIncoming(ctx context.Context, child *vmfork.Machine, t *vm
 }
 
 // postcopyHint says why QEMU 7.2 refuses postcopy-ram under libvirt, where
-// it is the usual reason: its userfaultfd(2) needs CAP_SYS_PTRACE or
-// vm.unprivileged_userfaultfd=1 (QEMU 7.2 has no /dev/userfaultfd), and
-// libvirt clears a root QEMU's capabilities (qemu.conf
-// clear_emulator_capabilities).
+// it is the likely reason: its userfaultfd(2) needs CAP_SYS_PTRACE or
+// vm.unprivileged_userfaultfd=1 (QEMU 7.2 has no /dev/userfaultfd). A
+// child of vmfork's own domain runs as vmfork's user, root here, whose
+// QEMU kept CAP_SYS_PTRACE under libvirt 9.0 (postcopy ran with the sysctl
+// at 0); one of an adopted domain runs as libvirt's unprivileged user
+// (its source's DAC label), which has no capabilities.
 func postcopyHint(err error) string {
 	var qe *qmp.Error
-	if !errors.As(err, &qe) {
+	// QEMU 7.2: "Postcopy is not supported" (migrate_caps_check).
+	if !errors.As(err, &qe) || !strings.Contains(strings.ToLower(err.Error()), "postcopy") {
 		return ""
 	}
 	if b, _ := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd"); len(b) > 0 && b[0] == '0' {
-		return " (libvirt's QEMU may not use userfaultfd: set vm.unprivileged_userfaultfd=1, or clear_emulator_capabilities = 0 in qemu.conf)"
+		return " (QEMU 7.2's postcopy needs userfaultfd(2): CAP_SYS_PTRACE in libvirt's QEMU, or vm.unprivileged_userfaultfd=1)"
 	}
 	return ""
 }

@@ -28,7 +28,8 @@ import (
 //   - a fork --to that completes (auto takes the live path): the child is
 //     a domain of host b's libvirtd, continues the source's process (the
 //     counter's PID, a write never synced), READY with its own hostname;
-//     the source still runs.
+//     the source still runs;
+//   - one on the copy path (--to-mode copy): a domain of b's libvirtd too.
 func TestLibvirtForkTo(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
 	const uri = "LIBVIRT_DEFAULT_URI=" + libvirtURI
@@ -140,6 +141,13 @@ func TestLibvirtForkTo(t *testing.T) {
 	if ds := rb.domains(); !slices.Contains(ds, "kid") {
 		t.Errorf("host b's libvirtd runs %v, want domain kid", ds)
 	}
+	// libvirt did not start the migration: its view of the child must
+	// still be a running domain.
+	if st, err := rb.virsh("domstate", "kid", "--reason"); err != nil || !strings.HasPrefix(strings.TrimSpace(st), "running") {
+		t.Errorf("host b's libvirtd: domain kid is %q (%v), want running", strings.TrimSpace(st), err)
+	} else {
+		t.Logf("host b's libvirtd: kid %s", strings.TrimSpace(st))
+	}
 	if ms := b.list(); len(ms) != 1 || ms[0].Name != "kid" || ms[0].State != "running" {
 		t.Errorf("host b has %+v, want kid running", ms)
 	}
@@ -161,6 +169,39 @@ func TestLibvirtForkTo(t *testing.T) {
 	a.counterAdvances(src)
 	b.ok("rm", "kid", "--force")
 	phase("fork --to checked")
+
+	// HOST's vmfork without --connect (no LIBVIRT_DEFAULT_URI there): the
+	// fork is refused in one line naming the driver, and leaves nothing.
+	noURI := append([]string{"fork", src, "--to", rb.addr, "kid4"}, r.transfer("env", "-u", "LIBVIRT_DEFAULT_URI")...)
+	if res := a.vmfork(noURI...); res.code == 0 {
+		t.Errorf("fork --to a host whose vmfork runs the embedded driver: %s, want a refusal", res)
+	} else {
+		lines := strings.Split(strings.TrimSpace(res.stderr), "\n")
+		t.Logf("fork --to a host without --connect: exit %d: %s", res.code, lines[len(lines)-1])
+		if !strings.Contains(lines[len(lines)-1], `"libvirt"`) {
+			t.Errorf("fork --to a host without --connect: the error does not name the driver: %s", res.stderr)
+		}
+	}
+	nothingLeft("fork --to a host without --connect")
+	phase("host without --connect refused")
+
+	// The copy path on libvirt (the whole template pushed, forked there):
+	// the source XML travels in the template's record.
+	var cp forkToJSON
+	a.jsonOK(&cp, append([]string{"fork", src, "--to", rb.addr, "kid3", "--to-mode", "copy"}, r.transfer()...)...)
+	t.Logf("libvirt fork --to (copy): source paused %.1f ms; push done %.0f ms (%.1f MiB), child running %.0f ms, ready %.0f ms",
+		cp.PauseMS, cp.PushMS, mib(cp.Push.BytesOut), cp.RunningMS, cp.ReadyMS)
+	if cp.Mode != "copy" || cp.Fork == nil || len(cp.Fork.Children) != 1 {
+		t.Errorf("libvirt fork --to --to-mode copy = %+v", cp)
+	}
+	if ds := rb.domains(); !slices.Contains(ds, "kid3") {
+		t.Errorf("host b's libvirtd runs %v, want domain kid3", ds)
+	}
+	if got := strings.TrimSpace(b.exec("kid3", "cat", "/run/counter.pid")); got != pid {
+		t.Errorf("kid3 on host b: counter PID %s, want the source's %s", got, pid)
+	}
+	b.ok("rm", "kid3", "--force")
+	phase("copy path checked")
 
 	// Against a local libvirt fork (logged, not asserted).
 	var local forkJSON

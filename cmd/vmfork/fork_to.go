@@ -53,8 +53,9 @@ the link dies before the child's whole RAM is there, the child is lost:
 HOST kills and removes it (SOURCE is never touched). copy: the template is
 pushed whole (RAM included), then forked there: slower, but a cut link
 costs nothing but a retry. auto (the default) takes postcopy for one child
-of a source without extra disks on the embedded driver, copy otherwise
-(several children, extra disks, the libvirt driver).
+of a source without extra disks, copy otherwise (several children, extra
+disks). With --connect, HOST's vmfork must reach its libvirtd too (e.g.
+LIBVIRT_DEFAULT_URI there): the child is a domain of HOST's libvirtd.
 
    vmfork fork web --to root@host2 --json
    vmfork fork golden -n 3 --to host2 --ssh "ssh -p 2222"`
