@@ -29,6 +29,8 @@ import (
 //     a domain of host b's libvirtd, continues the source's process (the
 //     counter's PID, a write never synced), READY with its own hostname;
 //     the source still runs;
+//   - host b's vmfork without --connect: refused in one line naming the
+//     driver, nothing left;
 //   - one on the copy path (--to-mode copy): a domain of b's libvirtd too.
 func TestLibvirtForkTo(t *testing.T) {
 	parallel(t) // self-contained (tests/doc.go, "Parallel")
