@@ -208,15 +208,23 @@ func (mg *Manager) pushDisks(ctx context.Context, req TransferRequest, local str
 	}
 	defer os.RemoveAll(tmpDir)
 	files, err := openFiles(ctx, &disks, tmpDir, overlay.FlattenAligned)
-	release()
-	if err != nil {
-		return fail(err)
-	}
 	defer func() {
 		for _, f := range files {
 			f.file.Close()
 		}
 	}()
+	if err == nil && fileExists(filepath.Join(t.Paths.Dir, FileDomainXML)) {
+		// The libvirt driver's child on HOST is made from it (openFiles
+		// adds it to a template holding memory only).
+		var f *os.File
+		if f, err = os.Open(filepath.Join(t.Paths.Dir, FileDomainXML)); err == nil {
+			files = append(files, archiveFile{Name: archDomainXML, file: f})
+		}
+	}
+	release()
+	if err != nil {
+		return fail(err)
+	}
 	cs, buf := mg.Store.chunkStore(), make([]byte, chunkSize)
 	for _, af := range files {
 		cf, err := cs.cut(ctx, af.file, af.Name, buf)

@@ -77,11 +77,6 @@ type Template struct {
 	// (hibernate.go). The RAM file in the mem dir (Paths.RAM) is then there
 	// only while children of the hibernated machine map it.
 	Hibernation string `json:"hibernation,omitempty"`
-	// DriverFiles are the driver's files of the template, by name, kept in
-	// its record so that they travel with it (push, export, fork --to),
-	// which carry no other file of its directory: the libvirt driver's
-	// source domain XML, which its children are made from.
-	DriverFiles map[string]string `json:"driver_files,omitempty"`
 	// RAMDelta is set when the template's RAM is its base file plus a
 	// delta (delta.go); Paths.RAM then does not exist until CompactRAM.
 	RAMDelta *RAMDelta `json:"ram_delta,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -37,9 +38,9 @@ func (d *Driver) startChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if !t.HasMemory {
 		return fmt.Errorf("template %q holds no memory: %w", t.ID, vmfork.ErrInvalid)
 	}
-	srcXML, err := templateSourceXML(t)
+	srcXML, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
 	if err != nil {
-		return err
+		return fmt.Errorf("template %q: %w", t.ID, err)
 	}
 	if err := vmfork.PickPorts(child.Spec.Ports); err != nil {
 		return err
@@ -60,7 +61,7 @@ func (d *Driver) startChild(ctx context.Context, child *vmfork.Machine, t *vmfor
 	if loaded {
 		md.URI = "" // no machine of the store: nothing to reap
 	}
-	def, err := ChildXML(srcXML, child, md)
+	def, err := ChildXML(string(srcXML), child, md)
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}

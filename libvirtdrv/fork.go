@@ -248,8 +248,6 @@ func (d *Driver) prepareFreeze(ctx context.Context, dom *libvirt.Domain, mon mon
 	if err := writeFileAtomic(filepath.Join(t.Paths.Dir, FileSourceXML), []byte(migXML), 0o600); err != nil {
 		return nil, fmt.Errorf("save source domain XML: %w", err)
 	}
-	// In the record too: it travels with the template to another host.
-	t.DriverFiles = map[string]string{FileSourceXML: migXML}
 	if src.Spec.Disk != "" {
 		if err := prepareDisk(ctx, live, src, t, p); err != nil {
 			return nil, err

@@ -63,20 +63,6 @@ const (
 	livePoll                = 5 * time.Millisecond
 )
 
-// templateSourceXML is t's source domain XML: from its record
-// (Template.DriverFiles, which travels with it to another host), else from
-// its file (a template frozen before the record held it).
-func templateSourceXML(t *vmfork.Template) (string, error) {
-	if s, ok := t.DriverFiles[FileSourceXML]; ok {
-		return s, nil
-	}
-	x, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
-	if err != nil {
-		return "", fmt.Errorf("template %q: %w", t.ID, err)
-	}
-	return string(x), nil
-}
-
 func setLiveCaps(ctx context.Context, mon monitor, caps ...qemustate.Capability) error {
 	return mon.Execute(ctx, qemustate.CmdMigrateSetCapabilities, map[string]any{"capabilities": caps}, nil)
 }
@@ -227,16 +213,18 @@ func (l *loaded) Close() {
 // the whole stream is in) it puts the NIC's link down and resumes it
 // through libvirt. On error the domain is destroyed.
 func (d *Driver) StartIncoming(ctx context.Context, child *vmfork.Machine, t *vmfork.Template, sock string, listening func() error) (err error) {
-	srcXML, err := templateSourceXML(t)
+	// Pushed with the disks (pushDisks), its kernel and initrd pointed at
+	// the pushed files (installImport).
+	srcXML, err := os.ReadFile(filepath.Join(t.Paths.Dir, FileSourceXML))
 	if err != nil {
-		return err
+		return fmt.Errorf("template %q: %w", t.ID, err)
 	}
 	if err := vmfork.PickPorts(child.Spec.Ports); err != nil {
 		return err
 	}
 	md := d.metadata(child, t)
 	md.TemplateRAM = "" // RAM of its own: nothing for the start hook to link
-	def, err := ChildXML(srcXML, child, md)
+	def, err := ChildXML(string(srcXML), child, md)
 	if err != nil {
 		return fmt.Errorf("template %q: %w", t.ID, err)
 	}

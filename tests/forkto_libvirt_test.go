@@ -187,8 +187,8 @@ func TestLibvirtForkTo(t *testing.T) {
 	nothingLeft("fork --to a host without --connect")
 	phase("host without --connect refused")
 
-	// The copy path on libvirt (the whole template pushed, forked there):
-	// the source XML travels in the template's record.
+	// The copy path on libvirt (the whole template pushed, its domain XML
+	// with it, forked there).
 	var cp forkToJSON
 	a.jsonOK(&cp, append([]string{"fork", src, "--to", rb.addr, "kid3", "--to-mode", "copy"}, r.transfer()...)...)
 	t.Logf("libvirt fork --to (copy): source paused %.1f ms; push done %.0f ms (%.1f MiB), child running %.0f ms, ready %.0f ms",
