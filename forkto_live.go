@@ -167,7 +167,9 @@ func liveSockets() (local, remote string) {
 	var b [6]byte
 	rand.Read(b[:])
 	id := hex.EncodeToString(b[:])
-	return filepath.Join(os.TempDir(), "vmfork-fwd-"+id+".sock"), "/tmp/vmfork-mig-" + id + "/m.sock"
+	// The pid in the name: ssh leaves its socket behind when this vmfork
+	// is killed, and sweepLoaded finds it by that.
+	return filepath.Join(os.TempDir(), fwdPrefix+strconv.Itoa(os.Getpid())+"-"+id+".sock"), "/tmp/vmfork-mig-" + id + "/m.sock"
 }
 
 // pushDisks pushes template local to HOST as tmp without its RAM and
@@ -496,13 +498,26 @@ func (s *Store) forkToAbandoned(name string) bool {
 // short), followed by the pid of the vmfork that made it.
 const loadedPrefix = "vmfork-loaded-"
 
-// sweepLoaded removes the directories of loaded QEMUs whose vmfork is gone
-// (killed mid-transfer: the QEMU went with it, spawnOptions.dieWithCLI in
-// the driver, but its directory stayed).
+// fwdPrefix starts the name of a live fork's forwarded socket here (ssh
+// -L), followed by the pid of the vmfork that made it.
+const fwdPrefix = "vmfork-fwd-"
+
+// sweepLoaded removes what live forks whose vmfork is gone (killed
+// mid-transfer) left in the temporary directory: their loaded QEMU's
+// directory (the QEMU went with vmfork, spawnOptions.dieWithCLI in the
+// driver) and the socket ssh forwarded.
 func sweepLoaded() {
-	found, _ := filepath.Glob(filepath.Join(os.TempDir(), loadedPrefix+"*"))
+	for _, prefix := range []string{loadedPrefix, fwdPrefix} {
+		sweepDead(prefix)
+	}
+}
+
+// sweepDead removes the entries of the temporary directory named prefix,
+// a pid, "-" and more, whose pid is no running process.
+func sweepDead(prefix string) {
+	found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 	for _, p := range found {
-		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(p), loadedPrefix), "-")
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(p), prefix), "-")
 		n, err := strconv.Atoi(pid)
 		if !ok || err != nil || n <= 0 {
 			continue // an older vmfork's: no pid to check

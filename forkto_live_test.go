@@ -200,11 +200,20 @@ func TestSweepLoaded(t *testing.T) {
 	mine := mk(loadedPrefix + strconv.Itoa(os.Getpid()) + "-456")
 	old := mk(loadedPrefix + "abcdef")
 	other := mk("vmfork-other-1-2")
-	sweepLoaded()
-	if _, err := os.Stat(gone); !os.IsNotExist(err) {
-		t.Errorf("%s: a dead vmfork's directory was kept (%v)", gone, err)
+	goneSock := filepath.Join(tmp, fwdPrefix+strconv.Itoa(dead.Process.Pid)+"-0123456789ab.sock")
+	mySock := filepath.Join(tmp, fwdPrefix+strconv.Itoa(os.Getpid())+"-0123456789ab.sock")
+	for _, p := range []string{goneSock, mySock} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	for _, p := range []string{mine, old, other} {
+	sweepLoaded()
+	for _, p := range []string{gone, goneSock} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s: a dead vmfork's leftover was kept (%v)", p, err)
+		}
+	}
+	for _, p := range []string{mine, old, other, mySock} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s: removed: %v", p, err)
 		}

@@ -197,6 +197,11 @@ func TestForkTo(t *testing.T) {
 	a.jsonOK(&res, append([]string{"fork", "src", "--to", b.addr, "kid", "--hostname", "kid-on-b"}, r.transfer()...)...)
 	t.Logf("fork --to (%s): source paused %.1f ms; freeze %.0f ms, push done %.0f ms (%.1f MiB, %d of %d chunks), child running %.0f ms, ready %.0f ms, all %.0f ms; migration %+v",
 		res.Mode, res.PauseMS, res.FreezeMS, res.PushMS, mib(res.Push.BytesOut), res.Push.Received.ChunksSent, res.Push.Received.Chunks, res.RunningMS, res.ReadyMS, res.Elapsed, res.Migration)
+	// That live fork swept what the killed vmfork left here: its loaded
+	// QEMU's directory and ssh's forwarded socket.
+	if left, _ := filepath.Glob(fmt.Sprintf("/tmp/vmfork-*-%d-*", cli)); len(left) > 0 {
+		t.Errorf("after a later live fork, the killed vmfork's leftovers remain: %v", left)
+	}
 	if res.Mode != "postcopy" || res.Migration == nil || res.Migration.Status != "completed" {
 		t.Errorf("fork --to of one child took mode %q (migration %+v), want the live path, completed", res.Mode, res.Migration)
 	}
