@@ -56,11 +56,8 @@ import (
 var _ vmfork.LiveForker = (*Driver)(nil)
 
 const (
-	capPostcopy             = "postcopy-ram"
-	migrationPostcopyActive = "postcopy-active"
-	migrationPostcopyPaused = "postcopy-paused"
-	liveFD                  = "vmfork-live"
-	livePoll                = 5 * time.Millisecond
+	capPostcopy = "postcopy-ram"
+	liveFD      = "vmfork-live"
 )
 
 func setLiveCaps(ctx context.Context, mon monitor, caps ...qemustate.Capability) error {
@@ -122,11 +119,6 @@ func (l *loaded) Migrate(ctx context.Context, sock string, opt vmfork.MigrateOpt
 	if err := setLiveCaps(ctx, mon, qemustate.Capability{Name: qemustate.CapXIgnoreShared, State: false}, qemustate.Capability{Name: capPostcopy, State: true}); err != nil {
 		return st, fmt.Errorf("migrate: capabilities: %w", err)
 	}
-	if bps := opt.MaxBandwidth; bps > 0 {
-		if err := mon.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bps, "max-postcopy-bandwidth": bps}, nil); err != nil {
-			return st, fmt.Errorf("migrate: bandwidth: %w", err)
-		}
-	}
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, "unix", sock)
 	if err != nil {
@@ -142,55 +134,8 @@ func (l *loaded) Migrate(ctx context.Context, sock string, opt vmfork.MigrateOpt
 	if err != nil {
 		return st, fmt.Errorf("migrate: pass the connection: %w", err)
 	}
-	start := time.Now()
-	if err := mon.Execute(ctx, qemustate.CmdMigrate, map[string]string{"uri": "fd:" + liveFD}, nil); err != nil {
-		return st, fmt.Errorf("migrate: %w", err)
-	}
-	if opt.PrecopyFor > 0 {
-		select {
-		case <-ctx.Done():
-			return st, ctx.Err()
-		case <-time.After(opt.PrecopyFor):
-		}
-	}
-	if err := mon.Execute(ctx, "migrate-start-postcopy", nil, nil); err != nil {
-		return st, fmt.Errorf("migrate: start postcopy: %w", err)
-	}
-	switched := false
-	for {
-		var info qemustate.MigrationInfo
-		if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err != nil {
-			return st, fmt.Errorf("migrate: %w", err)
-		}
-		st.Status, st.Bytes = info.Status, info.RAM.Transferred
-		switch info.Status {
-		case migrationPostcopyActive:
-			if !switched {
-				switched = true
-				st.SwitchoverMS = ms(time.Since(start))
-				if started != nil {
-					started()
-				}
-			}
-		case qemustate.MigrationCompleted:
-			st.TotalMS = ms(time.Since(start))
-			if !switched && started != nil {
-				started()
-			}
-			return st, nil
-		case qemustate.MigrationFailed, qemustate.MigrationCancelled, migrationPostcopyPaused:
-			desc := info.ErrorDesc
-			if desc == "" {
-				desc = "the link to the other end broke"
-			}
-			return st, fmt.Errorf("migrate: %s: %s: %w", info.Status, desc, qemustate.ErrMigrationFailed)
-		}
-		select {
-		case <-ctx.Done():
-			return st, fmt.Errorf("migrate (%s): %w", info.Status, ctx.Err())
-		case <-time.After(livePoll):
-		}
-	}
+	ps, err := qemustate.Postcopy(ctx, mon, "fd:"+liveFD, opt.MaxBandwidth, opt.PrecopyFor, started)
+	return vmfork.MigrationStats{Status: ps.Status, Bytes: ps.Bytes, SwitchoverMS: ps.SwitchoverMS, TotalMS: ps.TotalMS}, err
 }
 
 // Close implements vmfork.LoadedTemplate: the loaded domain is destroyed
@@ -378,13 +323,13 @@ func waitPostcopyRuns(ctx context.Context, mon monitor) error {
 			return nil
 		}
 		var info qemustate.MigrationInfo
-		if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err == nil && (info.Status == qemustate.MigrationFailed || info.Status == migrationPostcopyPaused) {
+		if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err == nil && (info.Status == qemustate.MigrationFailed || info.Status == qemustate.MigrationPostcopyPaused) {
 			return fmt.Errorf("incoming migration %s: %s", info.Status, info.ErrorDesc)
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("incoming migration (%s): %w", st.Status, ctx.Err())
-		case <-time.After(livePoll):
+		case <-time.After(qemustate.PostcopyPoll):
 		}
 	}
 }
@@ -407,4 +352,3 @@ func (d *Driver) IncomingStatus(ctx context.Context, m *vmfork.Machine) (string,
 	return info.Status, nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -26,12 +26,6 @@ var _ vmfork.LiveForker = (*Driver)(nil)
 
 const (
 	capPostcopy = "postcopy-ram"
-	// Postcopy states (QEMU 7.2 MigrationStatus) that qemustate does not
-	// name: a link that dies in postcopy leaves both ends paused, waiting
-	// for a migrate-recover that vmfork never sends.
-	migrationPostcopyActive = "postcopy-active"
-	migrationPostcopyPaused = "postcopy-paused"
-	livePoll                = 5 * time.Millisecond
 )
 
 func setCaps(ctx context.Context, mon *qmp.Monitor, caps map[string]bool) error {
@@ -115,60 +109,8 @@ func (l *loaded) Migrate(ctx context.Context, sock string, opt vmfork.MigrateOpt
 	if err := setCaps(ctx, mon, map[string]bool{qemustate.CapXIgnoreShared: false, capPostcopy: true}); err != nil {
 		return st, fmt.Errorf("migrate: capabilities: %w", err)
 	}
-	if bps := opt.MaxBandwidth; bps > 0 {
-		if err := mon.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": bps, "max-postcopy-bandwidth": bps}, nil); err != nil {
-			return st, fmt.Errorf("migrate: bandwidth: %w", err)
-		}
-	}
-	start := time.Now()
-	if err := mon.Execute(ctx, qemustate.CmdMigrate, map[string]string{"uri": "unix:" + sock}, nil); err != nil {
-		return st, fmt.Errorf("migrate: %w", err)
-	}
-	if opt.PrecopyFor > 0 {
-		select {
-		case <-ctx.Done():
-			return st, ctx.Err()
-		case <-time.After(opt.PrecopyFor):
-		}
-	}
-	if err := mon.Execute(ctx, "migrate-start-postcopy", nil, nil); err != nil {
-		return st, fmt.Errorf("migrate: start postcopy: %w", err)
-	}
-	switched := false
-	for {
-		var info qemustate.MigrationInfo
-		if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err != nil {
-			return st, fmt.Errorf("migrate: %w", err)
-		}
-		st.Status, st.Bytes = info.Status, info.RAM.Transferred
-		switch info.Status {
-		case migrationPostcopyActive:
-			if !switched {
-				switched = true
-				st.SwitchoverMS = ms(time.Since(start))
-				if started != nil {
-					started()
-				}
-			}
-		case qemustate.MigrationCompleted:
-			st.TotalMS = ms(time.Since(start))
-			if !switched && started != nil {
-				started()
-			}
-			return st, nil
-		case qemustate.MigrationFailed, qemustate.MigrationCancelled, migrationPostcopyPaused:
-			desc := info.ErrorDesc
-			if desc == "" {
-				desc = "the link to the other end broke"
-			}
-			return st, fmt.Errorf("migrate: %s: %s: %w", info.Status, desc, qemustate.ErrMigrationFailed)
-		}
-		select {
-		case <-ctx.Done():
-			return st, fmt.Errorf("migrate (%s): %w", info.Status, ctx.Err())
-		case <-time.After(livePoll):
-		}
-	}
+	ps, err := qemustate.Postcopy(ctx, mon, "unix:"+sock, opt.MaxBandwidth, opt.PrecopyFor, started)
+	return vmfork.MigrationStats{Status: ps.Status, Bytes: ps.Bytes, SwitchoverMS: ps.SwitchoverMS, TotalMS: ps.TotalMS}, err
 }
 
 // Close implements vmfork.LoadedTemplate: the loaded QEMU is killed and
@@ -243,13 +185,13 @@ func (d *Driver) StartIncoming(ctx context.Context, child *vmfork.Machine, t *vm
 			break
 		}
 		var info qemustate.MigrationInfo
-		if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err == nil && (info.Status == qemustate.MigrationFailed || info.Status == migrationPostcopyPaused) {
+		if err := mon.Execute(ctx, qemustate.CmdQueryMigrate, nil, &info); err == nil && (info.Status == qemustate.MigrationFailed || info.Status == qemustate.MigrationPostcopyPaused) {
 			return fmt.Errorf("incoming migration %s: %s", info.Status, info.ErrorDesc)
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("incoming migration (%s): %w", st.Status, ctx.Err())
-		case <-time.After(livePoll):
+		case <-time.After(qemustate.PostcopyPoll):
 		}
 	}
 	if err := mon.SetLink(ctx, nicID, false); err != nil {
@@ -279,7 +221,6 @@ func (d *Driver) IncomingStatus(ctx context.Context, m *vmfork.Machine) (string,
 	return info.Status, nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // dieWithCLIKey marks a context whose QEMU must not outlive this CLI
 // (spawnOptions.dieWithCLI); Prestart passes it down to the spawn.
