@@ -351,4 +351,3 @@ func (d *Driver) IncomingStatus(ctx context.Context, m *vmfork.Machine) (string,
 	}
 	return info.Status, nil
 }
-

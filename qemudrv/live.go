@@ -221,7 +221,6 @@ func (d *Driver) IncomingStatus(ctx context.Context, m *vmfork.Machine) (string,
 	return info.Status, nil
 }
 
-
 // dieWithCLIKey marks a context whose QEMU must not outlive this CLI
 // (spawnOptions.dieWithCLI); Prestart passes it down to the spawn.
 type dieWithCLIKey struct{}
